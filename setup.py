@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="tilegym",
+    version="0.1.0",
+    description="GPU operators (MLA split-KV decoding first) with Triton, CUDA Tile C++, aiter and PyTorch backends",
+    packages=find_packages(include=["tilegym", "tilegym.*"]),
+    package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh"]},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4"],
+    extras_require={
+        "triton": ["triton>=3.6", "numpy"],
+        # The CUDA 13.5 pip toolchain compiles Tile C++ (nvcc >= 13.3 with Tile support).
+        "tilecpp": [
+            "cuda-bindings>=13.0",
+            "nvidia-cuda-nvcc==13.5.37",
+            "nvidia-cuda-tileiras==13.5.37",
+            "nvidia-cuda-crt",
+            "nvidia-cuda-runtime",
+            "nvidia-cuda-cccl",
+        ],
+        # ROCm only: aiter is built from source on a ROCm machine; this extra only documents it.
+        "aiter": [],
+        "test": ["pytest>=8", "pytest-xdist", "numpy", "ruff"],
+        "bench": ["matplotlib", "numpy"],
+    },
+    entry_points={"console_scripts": ["tilegym=tilegym.__main__:main"]},
+)

@@ -1,0 +1,83 @@
+"""The ``info`` and ``demo`` commands of ``python -m tilegym``."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tilegym.backend import BACKENDS, backend_status, device_vendor, registered_ops
+from tilegym.ops import mla_decoding_split_kv
+from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.timing import time_call_us
+
+# Representative DeepSeek-V3 decode step with tensor parallelism 8: 16 heads per GPU.
+GPU_DEMO_SHAPE = {"batch": 32, "heads": 16, "seq_len": 4096}
+CPU_DEMO_SHAPE = {"batch": 2, "heads": 16, "seq_len": 256}
+DEMO_TOLERANCE = 2e-2  # relative L2 error of bf16 inputs/outputs vs float64
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name} ({props.multi_processor_count} SMs/CUs)"
+    return "CPU"
+
+
+def info() -> int:
+    """Print vendor, device, and every op x backend with its availability."""
+    device = default_device()
+    vendor = device_vendor(device)
+    print(f"torch {torch.__version__}; device {device}: {describe_device(device)}; vendor {vendor}")
+    print(f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}")
+    for op in registered_ops():
+        print(f"\n{op}:")
+        for backend, reasons in backend_status(op, vendor).items():
+            print(f"  {backend:8s} {'available' if not reasons else 'unavailable: ' + '; '.join(reasons)}")
+    return 0
+
+
+def demo_backends(vendor: str) -> list[str]:
+    """Backends to demo here: available on this vendor; triton on CPU only under the interpreter."""
+    status = backend_status("mla_decoding_split_kv", vendor)
+    names = [b for b in BACKENDS if not status[b]]
+    if vendor == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        names = [b for b in names if b != "triton"]
+    return names
+
+
+def demo() -> int:
+    """Run mla_decoding_split_kv on every available backend; print error vs float64 and time."""
+    device = default_device()
+    vendor = device_vendor(device)
+    shape = GPU_DEMO_SHAPE if device.type == "cuda" else CPU_DEMO_SHAPE
+    inputs = make_mla_inputs(**shape, device=device, dtype=torch.bfloat16)
+    expected, _ = mla_decode_float64(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
+    print(f"mla_decoding_split_kv on {describe_device(device)}: bf16, D=512, P=64, {shape}")
+    print(f"{'backend':10s} {'rel. L2 error':>14s} {'max abs error':>14s} {'us/call':>10s}  status")
+    failures = 0
+    for backend in demo_backends(vendor):
+        try:
+            out = mla_decoding_split_kv(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, backend=backend)
+            err = relative_error(out, expected)
+            max_abs = (out.double().cpu() - expected).abs().max().item()
+
+            def run(backend: str = backend) -> object:
+                return mla_decoding_split_kv(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, backend=backend)
+
+            us = time_call_us(run, device, repeat=20 if device.type == "cuda" else 3)
+        except Exception as exc:  # show every backend's outcome, keep going
+            failures += 1
+            print(f"{backend:10s} {'-':>14s} {'-':>14s} {'-':>10s}  FAILED: {type(exc).__name__}: {exc}")
+            continue
+        ok = err < DEMO_TOLERANCE
+        failures += not ok
+        print(f"{backend:10s} {err:14.2e} {max_abs:14.2e} {us:10.1f}  {'ok' if ok else 'MISMATCH'}")
+    skipped = [b for b in BACKENDS if b not in demo_backends(vendor)]
+    if skipped:
+        print(f"not run here: {', '.join(skipped)} (see `python -m tilegym info`)")
+    return 1 if failures else 0

@@ -1,0 +1,1 @@
+"""Backend `aiter`: registers its ops (no kernels yet)."""

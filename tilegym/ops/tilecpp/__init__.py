@@ -1,0 +1,1 @@
+"""Backend `tilecpp`: registers its ops (no kernels yet)."""

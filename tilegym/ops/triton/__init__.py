@@ -1,0 +1,1 @@
+"""Backend `triton`: registers its ops (no kernels yet)."""
