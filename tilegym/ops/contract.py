@@ -122,7 +122,7 @@ def _expect_unit_inner_stride(name: str, t: torch.Tensor) -> None:
 def _expect_same_device(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
     devices = {t.device for t in tensors}
     if len(devices) > 1:
-        listed = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors))
+        listed = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors, strict=True))
         raise ValueError(f"all tensors must be on one device, got {listed}")
 
 
@@ -214,7 +214,7 @@ def validate_mla_decoding(
 ) -> MLADecodeCall:
     """Check every argument of ``mla_decoding_split_kv`` and return the call description."""
     names = ("q", "qpe", "kv", "kpe")
-    q, qpe, kv, kpe = (_expect_tensor(n, t) for n, t in zip(names, (q, qpe, kv, kpe)))
+    q, qpe, kv, kpe = (_expect_tensor(n, t) for n, t in zip(names, (q, qpe, kv, kpe), strict=True))
     _expect_rank("q", q, 3, "[B, H, D]")
     _expect_rank("qpe", qpe, 3, "[B, H, P]")
     _expect_rank("kv", kv, 3, "[B, S, D]")
@@ -237,7 +237,7 @@ def validate_mla_decoding(
     _expect_dim("kpe", kpe, 2, qpe.shape[2], "qpe.shape[2] (P)")
     _expect_same_device(names, (q, qpe, kv, kpe))
     _validate_dtypes(q, qpe, kv, kpe)
-    for name, t in zip(names, (q, qpe, kv, kpe)):
+    for name, t in zip(names, (q, qpe, kv, kpe), strict=True):
         _expect_unit_inner_stride(name, t)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
