@@ -1,1 +1,98 @@
-"""Backend `triton`: registers its ops (no kernels yet)."""
+"""Backend ``triton``: one Triton source for NVIDIA (CUDA) and AMD (ROCm) GPUs.
+
+Registers ``mla_decoding_split_kv`` and ``splitk_reduce``. Nothing here imports triton:
+the kernel modules are imported inside the registered functions, on first use. On CPU
+tensors the backend runs only in Triton's interpreter (``TRITON_INTERPRET=1``), which is
+how CI executes it. The ROCm path is untested on hardware.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from tilegym.backend import register_impl, register_probe
+from tilegym.ops.contract import MLADecodeCall, SplitKReduceCall
+from tilegym.utils import cdiv
+
+VENDORS = ("nvidia", "amd", "cpu")
+HEAD_DIM_RANGE = (16, 512)  # latent width D: power of two; >= 16 for tl.dot, <= 512 for registers
+ROPE_DIM_RANGE = (16, 128)  # rope width P: power of two; >= 16 for tl.dot
+MAX_GRID_YZ = 65535  # CUDA/HIP limit of grid dims 1 and 2 (splits, batch)
+FP8_MIN_NVIDIA_CAPABILITY = (8, 9)
+
+
+def _probe() -> list[str]:
+    if importlib.util.find_spec("triton") is None:
+        return ["the triton package is not installed (pip install triton)"]
+    return []
+
+
+def _interpreter_reasons(device: torch.device) -> list[str]:
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ["CPU tensors run only in Triton's interpreter; set TRITON_INTERPRET=1 before importing tilegym"]
+    return []
+
+
+def _is_power_of_two_in(value: int, bounds: tuple[int, int]) -> bool:
+    return bounds[0] <= value <= bounds[1] and value & (value - 1) == 0
+
+
+def _fp8_reasons(call: MLADecodeCall) -> list[str]:
+    name = str(call.kv.dtype).removeprefix("torch.")
+    if name == "float8_e4m3fnuz" and call.vendor == "nvidia":
+        return ["float8_e4m3fnuz is an AMD format; NVIDIA GPUs take float8_e4m3fn"]
+    if call.vendor == "nvidia":
+        capability = torch.cuda.get_device_capability(call.device)
+        if capability < FP8_MIN_NVIDIA_CAPABILITY:
+            return [f"fp8 kv needs compute capability >= 8.9, this GPU has {capability[0]}.{capability[1]}"]
+    return []
+
+
+def mla_supports(call: MLADecodeCall) -> list[str]:
+    """Reasons the Triton kernel cannot run this call (empty: it can)."""
+    reasons = _interpreter_reasons(call.device)
+    if not _is_power_of_two_in(call.head_dim, HEAD_DIM_RANGE):
+        reasons.append(
+            f"head dim D={call.head_dim} is not supported: it must be a power of two in "
+            f"[{HEAD_DIM_RANGE[0]}, {HEAD_DIM_RANGE[1]}] (tile widths are powers of two; a program "
+            "keeps a [heads, D] float32 accumulator in registers)"
+        )
+    if not _is_power_of_two_in(call.rope_dim, ROPE_DIM_RANGE):
+        reasons.append(
+            f"rope dim P={call.rope_dim} is not supported: it must be a power of two in "
+            f"[{ROPE_DIM_RANGE[0]}, {ROPE_DIM_RANGE[1]}]"
+        )
+    if call.batch > MAX_GRID_YZ:
+        reasons.append(f"batch B={call.batch} exceeds the grid limit {MAX_GRID_YZ}")
+    if call.kv_len_per_split is not None and cdiv(call.seq_len, call.kv_len_per_split) > MAX_GRID_YZ:
+        reasons.append(
+            f"kv_len_per_split={call.kv_len_per_split} gives more than {MAX_GRID_YZ} splits of S={call.seq_len}"
+        )
+    if call.is_fp8:
+        reasons.extend(_fp8_reasons(call))
+    return reasons
+
+
+def reduce_supports(call: SplitKReduceCall) -> list[str]:
+    """Reasons the Triton combine cannot run this call (empty: it can)."""
+    return _interpreter_reasons(call.device)
+
+
+@register_impl("mla_decoding_split_kv", "triton", vendors=VENDORS, supports=mla_supports)
+def mla_decoding_split_kv(call: MLADecodeCall) -> torch.Tensor | None:
+    from tilegym.ops.triton.mla_decoding_split_kv import mla_decode_into
+
+    return mla_decode_into(call)
+
+
+@register_impl("splitk_reduce", "triton", vendors=VENDORS, supports=reduce_supports)
+def splitk_reduce(call: SplitKReduceCall) -> None:
+    from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
+
+    splitk_reduce_into(call.partial_out, call.partial_lse, call.out)
+
+
+register_probe("triton", _probe)

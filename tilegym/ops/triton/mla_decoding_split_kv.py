@@ -1,0 +1,252 @@
+"""Triton MLA decode with split-KV (stage 1) and its launcher; stage 2 is ``splitk_reduce``.
+
+Grid: (head groups, splits, batch). Each program holds ``BLOCK_H`` query heads of one batch
+row and walks one split of the KV sequence ``BLOCK_N`` tokens at a time. Every KV tile
+(latent [BLOCK_N, D] + rope [BLOCK_N, P]) is loaded once and used for all ``BLOCK_H`` heads,
+first as K (scores) and then, the same registers / shared memory, as V (output): the cache
+is read once per head group, never once per head and never twice for V. Softmax runs
+online in float32 (base 2); 16-bit values appear only at loads, stores and dot operands.
+
+fp8 caches (e4m3fn; e4m3fnuz on AMD) are loaded as fp8 (half the bytes), widened to the
+query dtype in registers (exact: every e4m3 value is a bf16/fp16 value), and the per-tensor
+``kv_scale`` is folded into the score scale and the final output, read through a pointer.
+
+With one split the program writes the final output (and lse) itself; otherwise it writes
+float32 partials [B, H, N, D] + lse [B, H, N] that ``splitk_reduce`` merges. No host
+synchronisation, no value-dependent allocation, no atomics: graph-capturable, deterministic.
+
+The same source targets ROCm, but the ROCm path is untested on hardware. AMD wavefronts
+are 64 lanes and LDS is 64 KB (MI300), so AMD would want ``BLOCK_N`` = 32 and a single
+software pipeline stage for D = 512; ``default_config`` encodes that guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tilegym.ops.contract import MLADecodeCall
+from tilegym.ops.split_plan import plan_splits
+from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
+from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
+
+LOG2_E = math.log2(math.e)
+MAX_BLOCK_H = 64
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch parameters of the stage-1 kernel.
+
+    ``block_h``: query heads per program (>= 16: ``tl.dot`` needs M >= 16 on GPUs).
+    ``block_n``: KV tokens per loop step. ``programs_per_sm``: occupancy goal handed to
+    ``plan_splits`` when the user does not fix ``kv_len_per_split``.
+    """
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 2
+
+
+def default_config(call: MLADecodeCall) -> KernelConfig:
+    """Tile sizes by vendor and head count (the GPU numbers come from H200 sweeps)."""
+    block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(call.heads)))
+    if call.vendor == "cpu":  # interpreter: its cost is programs x loop steps
+        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=1)
+    if call.vendor == "amd":
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
+    if block_h <= 16:
+        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2)
+    return KernelConfig(block_h, block_n=32, num_warps=8, num_stages=2)
+
+
+@triton.jit
+def _mla_split_kv_kernel(
+    q_ptr,
+    qpe_ptr,
+    kv_ptr,
+    kpe_ptr,
+    kv_lens_ptr,
+    kv_scale_ptr,
+    o_ptr,
+    lse_ptr,
+    score_scale,
+    num_heads,
+    seq_len,
+    kv_len_per_split,
+    stride_q_b,
+    stride_q_h,
+    stride_qpe_b,
+    stride_qpe_h,
+    stride_kv_b,
+    stride_kv_s,
+    stride_kpe_b,
+    stride_kpe_s,
+    stride_o_b,
+    stride_o_h,
+    stride_o_n,
+    stride_lse_b,
+    stride_lse_h,
+    stride_lse_n,
+    HEAD_DIM: tl.constexpr,
+    ROPE_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    HAS_KV_LENS: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # Memory traffic per program: reads L * (D + P) * sizeof(kv) bytes of cache for its
+    # split of L tokens (once, for all BLOCK_H heads) + BLOCK_H * (D + P) * 2 bytes of
+    # queries; writes BLOCK_H * D * sizeof(o) (+ BLOCK_H * 4 lse). Whole launch with
+    # one head group: B*S*(D+P)*sizeof(kv) + B*H*(D+P)*2 read, B*H*N*D*4 (+ B*H*N*4) written.
+    pid_h = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    compute_dtype = q_ptr.dtype.element_ty
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < num_heads
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_p = tl.arange(0, ROPE_DIM)
+    q = tl.load(
+        q_ptr + b * stride_q_b + offs_h[:, None] * stride_q_h + offs_d[None, :], mask=h_mask[:, None], other=0.0
+    )
+    qpe = tl.load(
+        qpe_ptr + b * stride_qpe_b + offs_h[:, None] * stride_qpe_h + offs_p[None, :], mask=h_mask[:, None], other=0.0
+    )
+
+    length = seq_len
+    if HAS_KV_LENS:
+        length = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + b), 0), seq_len)
+    start = split * kv_len_per_split
+    end = tl.minimum(start + kv_len_per_split, length)
+    if IS_FP8:
+        kv_scale = tl.load(kv_scale_ptr)
+        score_scale = score_scale * kv_scale
+
+    kv_row = kv_ptr + b * stride_kv_b
+    kpe_row = kpe_ptr + b * stride_kpe_b
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        kv = tl.load(kv_row + offs_n[:, None] * stride_kv_s + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        kpe = tl.load(kpe_row + offs_n[:, None] * stride_kpe_s + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        if IS_FP8:
+            kv = kv.to(compute_dtype)
+            kpe = kpe.to(compute_dtype)
+        scores = tl.dot(qpe, tl.trans(kpe))
+        scores = tl.dot(q, tl.trans(kv), scores)
+        # n0 < end, so every tile has a valid token and m_new is finite.
+        scores = tl.where(n_mask[None, :], scores * score_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(compute_dtype), kv)
+        m_i = m_new
+
+    if IS_FP8:
+        acc = acc * kv_scale
+    nonempty = l_i > 0
+    safe_l = tl.where(nonempty, l_i, 1.0)
+    out = acc / safe_l[:, None]
+    o_ptrs = o_ptr + b * stride_o_b + split * stride_o_n + offs_h[:, None] * stride_o_h + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
+    if WRITE_LSE:
+        lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
+        tl.store(lse_ptr + b * stride_lse_b + split * stride_lse_n + offs_h * stride_lse_h, lse, mask=h_mask)
+
+
+def _launch_stage1(
+    call: MLADecodeCall,
+    config: KernelConfig,
+    num_splits: int,
+    kv_len_per_split: int,
+    out: torch.Tensor,
+    out_strides: tuple[int, int, int],
+    lse: torch.Tensor | None,
+    lse_strides: tuple[int, int, int],
+) -> None:
+    """Launch stage 1 writing ``out`` (final [B,H,D] or partial [B,H,N,D]) through the given strides."""
+    placeholder = call.q  # a valid pointer for arguments a constexpr switch leaves unread
+    grid = (cdiv(call.heads, config.block_h), num_splits, call.batch)
+    _mla_split_kv_kernel[grid](
+        call.q,
+        call.qpe,
+        call.kv,
+        call.kpe,
+        call.kv_lens if call.kv_lens is not None else placeholder,
+        call.kv_scale if call.kv_scale is not None else placeholder,
+        out,
+        lse if lse is not None else placeholder,
+        call.sm_scale * LOG2_E,
+        call.heads,
+        call.seq_len,
+        kv_len_per_split,
+        *call.q.stride()[:2],
+        *call.qpe.stride()[:2],
+        *call.kv.stride()[:2],
+        *call.kpe.stride()[:2],
+        *out_strides,
+        *lse_strides,
+        HEAD_DIM=call.head_dim,
+        ROPE_DIM=call.rope_dim,
+        BLOCK_H=config.block_h,
+        BLOCK_N=config.block_n,
+        NUM_STAGES=config.num_stages,
+        HAS_KV_LENS=call.kv_lens is not None,
+        IS_FP8=call.is_fp8,
+        WRITE_LSE=lse is not None,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def mla_decode_into(call: MLADecodeCall, config: KernelConfig | None = None) -> torch.Tensor | None:
+    """Run both stages into ``call.out``; return lse [B, H] when ``call.return_lse``.
+
+    ``config`` overrides the tile sizes (benchmarks sweep it); None uses ``default_config``.
+    """
+    config = config or default_config(call)
+    batch, heads, seq_len = call.batch, call.heads, call.seq_len
+    head_groups = cdiv(heads, config.block_h)
+    plan = plan_splits(
+        seq_len,
+        batch * head_groups,
+        multiprocessor_count(call.device),
+        kv_len_per_split=call.kv_len_per_split,
+        block_n=config.block_n,
+        programs_per_sm=config.programs_per_sm,
+    )
+    split_len = min(plan.kv_len_per_split, seq_len)  # same result, keeps the index math in int32
+    lse = torch.empty((batch, heads), dtype=torch.float32, device=call.device) if call.return_lse else None
+    if plan.num_splits == 1:
+        lse_strides = (*lse.stride(), 0) if lse is not None else (0, 0, 0)
+        _launch_stage1(call, config, 1, split_len, call.out, (*call.out.stride()[:2], 0), lse, lse_strides)
+        return lse
+    shape = (batch, heads, plan.num_splits)
+    partial_out = torch.empty((*shape, call.head_dim), dtype=torch.float32, device=call.device)
+    partial_lse = torch.empty(shape, dtype=torch.float32, device=call.device)
+    _launch_stage1(
+        call,
+        config,
+        plan.num_splits,
+        split_len,
+        partial_out,
+        (partial_out.stride(0), partial_out.stride(1), partial_out.stride(2)),
+        partial_lse,
+        partial_lse.stride(),
+    )
+    splitk_reduce_into(partial_out, partial_lse, call.out, lse)
+    return lse

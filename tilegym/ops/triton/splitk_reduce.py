@@ -1,0 +1,136 @@
+"""Triton combine of split-KV partials: [B, H, N, D] outputs + lse [B, H, N] -> [B, H, D].
+
+One kernel serves both the ``splitk_reduce`` op and the second stage of
+``mla_decoding_split_kv`` (which also asks it for the merged lse). Each program owns one
+(batch row, head) pair and one ``BLOCK_D``-wide slice of the output; it walks the splits
+``BLOCK_SPLITS`` at a time, twice: first for the largest lse (lse values only), then for
+the weighted sum. Splits whose lse is -inf (empty) are masked out of the loads, so their
+partial rows are never read, and a row whose splits are all empty gives zeros (lse -inf).
+
+The ROCm path is the same source; it has not been run on AMD hardware.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
+
+# Elements of one [BLOCK_SPLITS, BLOCK_D] partial tile a program loads per step.
+_TILE_ELEMENTS = 4096
+_MAX_BLOCK_D = 512
+_MIN_BLOCK_D_GPU = 64
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    po_ptr,
+    plse_ptr,
+    out_ptr,
+    lse_out_ptr,
+    num_heads,
+    num_splits,
+    head_dim,
+    stride_po_b,
+    stride_po_h,
+    stride_po_n,
+    stride_pl_b,
+    stride_pl_h,
+    stride_pl_n,
+    stride_o_b,
+    stride_o_h,
+    stride_lo_b,
+    stride_lo_h,
+    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # Memory traffic per program: N * 4 bytes of lse (read twice, cached), at most
+    # N * BLOCK_D * sizeof(partial) bytes of partial outputs (non-empty splits only),
+    # BLOCK_D * sizeof(out) bytes written. Whole launch: B*H*N*D*4 read + B*H*D*2 written
+    # for fp32 partials and a 16-bit output.
+    pid_bh = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_SPLITS)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    lse_row = plse_ptr + b * stride_pl_b + h * stride_pl_h
+    po_row = po_ptr + b * stride_po_b + h * stride_po_h
+
+    running_max = tl.full([BLOCK_SPLITS], float("-inf"), tl.float32)
+    for n0 in range(0, num_splits, BLOCK_SPLITS):
+        n_mask = n0 + offs_n < num_splits
+        lse = tl.load(lse_row + (n0 + offs_n) * stride_pl_n, mask=n_mask, other=float("-inf"))
+        running_max = tl.maximum(running_max, lse)
+    lse_max = tl.max(running_max, axis=0)
+    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    weight_sum = tl.zeros([BLOCK_SPLITS], tl.float32)
+    for n0 in range(0, num_splits, BLOCK_SPLITS):
+        n_mask = n0 + offs_n < num_splits
+        lse = tl.load(lse_row + (n0 + offs_n) * stride_pl_n, mask=n_mask, other=float("-inf"))
+        live = lse > float("-inf")
+        weight = tl.where(live, tl.exp(lse - shift), 0.0)
+        weight_sum += weight
+        part = tl.load(
+            po_row + (n0 + offs_n)[:, None] * stride_po_n + offs_d[None, :],
+            mask=live[:, None] & d_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc += tl.sum(weight[:, None] * part, axis=0)
+
+    total = tl.sum(weight_sum, axis=0)
+    merged = tl.where(total > 0, acc / tl.where(total > 0, total, 1.0), 0.0)
+    tl.store(out_ptr + b * stride_o_b + h * stride_o_h + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
+    if WRITE_LSE:
+        if pid_d == 0:
+            merged_lse = tl.where(total > 0, shift + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+            tl.store(lse_out_ptr + b * stride_lo_b + h * stride_lo_h, merged_lse)
+
+
+def _block_sizes(batch: int, heads: int, num_splits: int, head_dim: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_SPLITS, BLOCK_D): tiles of ~_TILE_ELEMENTS; on a GPU, narrow D slices until
+    there are >= 2 programs per SM (one long request has few (b, h) pairs but many splits).
+    On CPU the interpreter runs programs one by one, so fewer, wider programs are faster."""
+    block_d = min(next_power_of_2(head_dim), _MAX_BLOCK_D)
+    if device.type == "cuda":
+        target = 2 * multiprocessor_count(device)
+        while block_d > _MIN_BLOCK_D_GPU and batch * heads * cdiv(head_dim, block_d) < target:
+            block_d //= 2
+    block_splits = max(1, min(next_power_of_2(num_splits), _TILE_ELEMENTS // block_d))
+    return block_splits, block_d
+
+
+def splitk_reduce_into(
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse_out: torch.Tensor | None = None,
+) -> None:
+    """Launch the combine: write ``out`` [B, H, D] (and ``lse_out`` [B, H] float32 if given)."""
+    batch, heads, num_splits, head_dim = partial_out.shape
+    block_splits, block_d = _block_sizes(batch, heads, num_splits, head_dim, partial_out.device)
+    lse_target = out if lse_out is None else lse_out  # a valid pointer; unused without WRITE_LSE
+    grid = (batch * heads, cdiv(head_dim, block_d))
+    _splitk_reduce_kernel[grid](
+        partial_out,
+        partial_lse,
+        out,
+        lse_target,
+        heads,
+        num_splits,
+        head_dim,
+        *partial_out.stride()[:3],
+        *partial_lse.stride(),
+        *out.stride()[:2],
+        *(lse_out.stride() if lse_out is not None else (0, 0)),
+        BLOCK_SPLITS=block_splits,
+        BLOCK_D=block_d,
+        WRITE_LSE=lse_out is not None,
+        num_warps=4,
+    )
