@@ -28,5 +28,5 @@ bench: $(VENV)/.installed
 	$(PY) -m tilegym bench
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check tilegym tests benchmarks
-	$(PY) -m ruff format --check tilegym tests benchmarks
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
