@@ -294,10 +294,18 @@ def fill_metrics(row: Row, ceilings: Ceilings, kv_elsize: int, q_elsize: int) ->
     row.pct_roofline = 100 * row.floor_us / row.time_us
 
 
+def new_row(backend: str, shape: Shape, cfg: BenchConfig, status: str = "", note: str = "") -> Row:
+    dtypes = DTYPE_SHORT_NAMES[cfg.dtype], DTYPE_SHORT_NAMES[cfg.kv_dtype]
+    return Row(backend, *dataclasses.astuple(shape), *dtypes, status, tolerance=TOLERANCES[cfg.dtype], note=note)
+
+
+def error_row(backend: str, shape: Shape, cfg: BenchConfig, note: str) -> Row:
+    return new_row(backend, shape, cfg, "error", note)
+
+
 def bench_backend(backend: str, shape: Shape, data: ShapeData, cfg: BenchConfig) -> Row:
     """Check, then time, one backend on one shape; never raises."""
-    row = Row(backend, *dataclasses.astuple(shape), DTYPE_SHORT_NAMES[cfg.dtype], DTYPE_SHORT_NAMES[cfg.kv_dtype], "")
-    row.tolerance = TOLERANCES[cfg.dtype]
+    row = new_row(backend, shape, cfg)
     try:
         reasons = unsupported_reasons(backend, data.sets[0])
         if reasons:
@@ -531,30 +539,58 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", type=Path, help="default: benchmarks/results/<suite>")
     parser.add_argument("--repeat", type=int, help="timed samples per row (default 50 on a GPU, 3 on a CPU)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    parser.add_argument(
+        "--from-json", type=Path, help="measure nothing: rewrite CSV, markdown and PNG beside this earlier JSON report"
+    )
     return parser
 
 
-def run_suite(shapes: Sequence[Shape], backends: Sequence[str], cfg: BenchConfig) -> list[Row]:
-    """Every backend on every shape, same inputs per shape, with a progress bar."""
+def run_suite(
+    shapes: Sequence[Shape],
+    backends: Sequence[str],
+    cfg: BenchConfig,
+    after_shape: Callable[[list[Row]], None] | None = None,
+) -> list[Row]:
+    """Every backend on every shape, same inputs per shape, with a progress bar.
+
+    ``after_shape(rows so far)`` runs after each shape, so a run cut short keeps its results.
+    """
     progress = ProgressBar(len(shapes) * len(backends))
     rows: list[Row] = []
     for shape in shapes:
-        data = make_shape_data(shape, cfg)
+        try:
+            data, problem = make_shape_data(shape, cfg), ""
+        except Exception as exc:  # e.g. out of memory: report it on every backend's row, go on
+            data, problem = None, f"making inputs failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
         for backend in backends:
-            row = bench_backend(backend, shape, data, cfg)
+            row = bench_backend(backend, shape, data, cfg) if data else error_row(backend, shape, cfg, problem)
             rows.append(row)
             timed = f"{row.time_us:.1f} us" if row.time_us is not None else row.note[:60]
             progress.step(f"{backend} {shape.label}: {row.status} {timed}")
         del data
         if cfg.device.type == "cuda":
             torch.cuda.empty_cache()
-    add_ratios(rows)
+        add_ratios(rows)
+        if after_shape is not None:
+            after_shape(rows)
     return rows
+
+
+def rewrite_from_json(path: Path, plot: bool) -> int:
+    """Regenerate a report's other files from its JSON (e.g. plot on a machine with matplotlib)."""
+    report = json.loads(path.read_text())
+    rows = [Row(**r) for r in report["rows"]]
+    title = report["title"]
+    for message in write_outputs(path.parent, path.stem, report, rows, title, plot=plot):
+        print(message, file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a suite; exit code 1 when any backend gave a wrong result or raised, 2 on bad options."""
     args = build_parser().parse_args(argv)
+    if args.from_json:
+        return rewrite_from_json(args.from_json, plot=not args.no_plot)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     try:
@@ -568,20 +604,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"measuring ceilings on {describe_device(device)} ...", file=sys.stderr)
     ceilings = measure_ceilings(device)
     cfg = BenchConfig(device, dtype, kv_dtype, warmup=5 if on_gpu else 1, repeat=repeat, ceilings=ceilings)
-    rows = run_suite(SUITES[args.suite], backends, cfg)
     env = environment(device)
     kv_tag = "" if kv_dtype == dtype else f"-kv{DTYPE_SHORT_NAMES[kv_dtype]}"
     stem = f"{OP}_{args.suite}_{args.dtype}{kv_tag}"
     title = f"{OP}, suite {args.suite}, {args.dtype}{kv_tag}, {env['device']}"
-    report = {
-        "suite": args.suite,
-        "environment": env,
-        "ceilings": dataclasses.asdict(ceilings),
-        "tolerances": {DTYPE_SHORT_NAMES[d]: t for d, t in TOLERANCES.items()},
-        "rows": [dataclasses.asdict(r) for r in rows],
-    }
     out_dir = args.out_dir or Path("benchmarks") / "results" / args.suite
-    for message in write_outputs(out_dir, stem, report, rows, title, plot=not args.no_plot):
+
+    def save(rows: list[Row], plot: bool = False) -> list[str]:
+        report = {
+            "suite": args.suite,
+            "title": title,
+            "environment": env,
+            "ceilings": dataclasses.asdict(ceilings),
+            "tolerances": {DTYPE_SHORT_NAMES[d]: t for d, t in TOLERANCES.items()},
+            "rows": [dataclasses.asdict(r) for r in rows],
+        }
+        return write_outputs(out_dir, stem, report, rows, title, plot=plot)
+
+    rows = run_suite(SUITES[args.suite], backends, cfg, after_shape=save)
+    for message in save(rows, plot=not args.no_plot):
         print(message, file=sys.stderr)
     print(markdown_report(title, env, ceilings, rows))
     bad = [r for r in rows if r.status in ("FAILED", "error")]
