@@ -1,1 +1,23 @@
-"""Backend `aiter`: registers its ops (no kernels yet)."""
+"""Backend ``aiter``: AMD's aiter kernels on ROCm (gfx942 / gfx950), registered lazily.
+
+Registers ``mla_decoding_split_kv`` (AMD devices only) and the environment probe. Nothing
+here imports aiter: the probe imports it once, guarded, and the adapter module loads on
+the first call. ``splitk_reduce`` is not registered (see ``mla_decoding_split_kv.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegym.backend import register_impl, register_probe
+from tilegym.ops.aiter import support
+from tilegym.ops.contract import MLADecodeCall
+
+register_probe("aiter", support.probe)
+
+
+@register_impl("mla_decoding_split_kv", "aiter", vendors=("amd",), supports=support.mla_decode_reasons)
+def mla_decoding_split_kv(call: MLADecodeCall) -> torch.Tensor | None:
+    from tilegym.ops.aiter.mla_decoding_split_kv import mla_decoding_split_kv as run
+
+    return run(call)
