@@ -157,33 +157,58 @@ def sweep_cases() -> dict[str, list[Case]]:
 
     k = KernelConfig
     h16 = [
-        k(16, 32, 4, 2),
-        k(16, 32, 4, 3),
-        k(16, 64, 4, 3),
-        k(16, 64, 8, 2),
-        k(16, 128, 8, 2),
-        k(16, 32, 8, 3),
-        k(16, 64, 4, 2, programs_per_sm=1),
         k(16, 64, 4, 2, programs_per_sm=4),
+        k(16, 64, 4, 3),
+        k(16, 64, 4, 2, programs_per_sm=1),
+        k(16, 32, 4, 3, programs_per_sm=4),
     ]
     h128 = [
-        k(64, 32, 4, 2),
+        k(64, 64, 8, 2, programs_per_sm=1),
         k(64, 64, 8, 2),
-        k(64, 16, 8, 2),
-        k(32, 32, 4, 2),
-        k(32, 64, 8, 2),
-        k(64, 32, 8, 3),
-        k(64, 32, 8, 2, programs_per_sm=1),
+        k(64, 32, 8, 3, programs_per_sm=1),
+        k(64, 64, 8, 1, programs_per_sm=1),
+        k(64, 128, 8, 1, programs_per_sm=1),
     ]
-    small = [k(16, 32, 4, 2), k(16, 64, 4, 2, programs_per_sm=1), k(16, 32, 4, 2, programs_per_sm=4)]
-    fp8 = [k(16, 64, 8, 2), k(16, 128, 8, 2), k(16, 32, 4, 3), k(16, 128, 4, 2)]
+    fp8 = [
+        k(16, 32, 4, 3),
+        k(16, 32, 4, 3, fp8_v_fp16=False),
+        k(16, 16, 4, 3),
+        k(16, 16, 4, 4),
+        k(16, 32, 8, 2),
+        k(16, 32, 8, 3),
+        k(16, 64, 8, 2),
+        k(16, 64, 8, 2, fp8_v_fp16=False),
+    ]
+    long_one = [
+        k(16, 128, 8, 2),
+        k(16, 64, 4, 2, programs_per_sm=1),
+        k(16, 64, 4, 3),
+        k(16, 32, 4, 4),
+        k(16, 128, 8, 2, programs_per_sm=1),
+    ]
+    small = [k(16, 32, 4, 2), k(16, 32, 4, 3), k(16, 64, 4, 2)]
+    base16 = Case(64, 16, 4096, return_lse=False)
+    big16 = Case(128, 16, 8192, return_lse=False)
+    base128 = Case(64, 128, 4096, return_lse=False)
+    # Fixed split lengths emulate a plan that rounds the split count DOWN to whole waves
+    # (plan_splits rounds up): 64 rows x 4 splits = 256 programs <= 2 x 132 resident.
+    waves = [
+        replace(base16, split=1024, config=k(16, 64, 4, 2)),
+        replace(base16, split=1024, config=k(16, 64, 4, 3)),
+        replace(base16, split=512, config=k(16, 64, 4, 2)),
+        replace(base16, split=1024, config=k(16, 128, 8, 2)),
+        replace(base16, split=1024, config=k(16, 32, 4, 3)),
+        replace(big16, split=4096, config=k(16, 64, 4, 2)),
+        replace(base128, split=2048, config=k(64, 64, 8, 2)),
+    ]
     return {
-        "64,4096,16": variants(Case(64, 16, 4096, return_lse=False), h16),
-        "64,4096,128": variants(Case(64, 128, 4096, return_lse=False), h128),
+        "64,4096,16": variants(base16, h16),
+        "128,8192,16": variants(big16, [k(16, 64, 4, 2, programs_per_sm=4)]),
+        "64,4096,128": variants(base128, h128),
         "fp8 64,4096,16": variants(Case(64, 16, 4096, kv_dtype=FP8, return_lse=False), fp8),
-        "1,32768,16": variants(Case(1, 16, 32768, return_lse=False), small + [k(16, 128, 8, 2)]),
+        "1,32768,16": variants(Case(1, 16, 32768, return_lse=False), long_one),
         "4,1024,16": variants(Case(4, 16, 1024, return_lse=False), small),
-        "128,8192,16": variants(Case(128, 16, 8192, return_lse=False), []),
+        "fixed splits": waves,
     }
 
 
@@ -192,8 +217,8 @@ def default_for(case: Case) -> KernelConfig:
     q = torch.empty(case.batch, case.heads, case.head_dim, dtype=case.dtype, device=DEV)
     qpe = torch.empty(case.batch, case.heads, case.rope_dim, dtype=case.dtype, device=DEV)
     kv_dtype = case.kv_dtype or case.dtype
-    kv = torch.empty(case.batch, 1, case.head_dim, dtype=kv_dtype, device=DEV)
-    kpe = torch.empty(case.batch, 1, case.rope_dim, dtype=kv_dtype, device=DEV)
+    kv = torch.empty(case.batch, case.seq_len, case.head_dim, dtype=kv_dtype, device=DEV)
+    kpe = torch.empty(case.batch, case.seq_len, case.rope_dim, dtype=kv_dtype, device=DEV)
     scale = 1.0 if case.kv_dtype is not None else None
     return default_config(validate_mla_decoding(q, qpe, kv, kpe, kv_scale=scale))
 
@@ -291,6 +316,35 @@ def time_case(case: Case) -> float:
     outs = [torch.empty(case.batch, case.heads, D, dtype=case.dtype, device=DEV) for _ in range(sets)]
     calls = [lambda i=i: run_case(case, inputs[i % sets], outs[i % sets]) for i in range(max(sets, 4))]
     return graph_us(calls)
+
+
+def stage_times(case: Case) -> tuple[float, float, int]:
+    """(stage-1 us, combine us, splits) of the case's config, each graph-replayed alone."""
+    from tilegym.ops.triton.mla_decoding_split_kv import _launch_stage1, split_plan
+    from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
+
+    sets = max(1, min(16, (200 << 20) // max(1, case_bytes(case))))
+    stage1, combine = [], []
+    for i in range(max(sets, 4)):
+        inp = gpu_inputs(case, 200 + i) if i < sets else None
+        if inp is None:
+            stage1.append(stage1[i % sets])
+            combine.append(combine[i % sets])
+            continue
+        call = validate_mla_decoding(
+            inp["q"], inp["qpe"], inp["kv"], inp["kpe"], None, case.split, kv_scale=inp["kv_scale"]
+        )
+        plan = split_plan(call, case.config)
+        po = torch.empty(case.batch, case.heads, plan.num_splits, D, dtype=torch.float32, device=DEV)
+        pl = torch.empty(case.batch, case.heads, plan.num_splits, dtype=torch.float32, device=DEV)
+        length = min(plan.kv_len_per_split, case.seq_len)
+        stage1.append(
+            lambda c=call, po=po, pl=pl, n=plan.num_splits, L=length: _launch_stage1(
+                c, case.config, n, L, po, po.stride()[:3], pl, pl.stride()
+            )
+        )
+        combine.append(lambda c=call, po=po, pl=pl: splitk_reduce_into(po, pl, c.out))
+    return graph_us(stage1), graph_us(combine), plan.num_splits
 
 
 def kernel_resources() -> list[str]:
@@ -397,13 +451,29 @@ def main() -> int:
                 print(f"budget reached, skipping {name} {case.config}")
                 continue
             try:
+                err, _ = check_case(case, seed=1000 + len(rows), rows=2)
+                if not err <= TOL[case.dtype]:
+                    failures += 1
+                    print(f"FAIL {name} {case.config} split={case.split}: rel={err:.2e}")
+                    continue
                 t = time_case(case)
                 bw = case_bytes(case) / (t * 1e-6)
                 tf = case_flops(case) / (t * 1e-6)
-                rows.append((name, case.config, t, bw / copy_bw, tf / 1e12))
-                print(f"{name:16s} {case.config} {t:8.1f} us  {100 * bw / copy_bw:5.1f}% copyBW  {tf / 1e12:6.1f} TF/s")
+                rows.append((name, case, t, bw / copy_bw, tf / 1e12))
+                print(
+                    f"{name:16s} {case.config} split={case.split} rel={err:.1e} {t:8.1f} us "
+                    f"{100 * bw / copy_bw:5.1f}% copyBW {tf / 1e12:6.1f} TF/s"
+                )
             except Exception as exc:
                 print(f"{name:16s} {case.config} ERROR {type(exc).__name__}: {str(exc)[:300]}")
+
+    print("\n== stage times of the default config (graph replay, rotated inputs) ==")
+    for name in ("64,4096,16", "1,32768,16", "4,1024,16", "fp8 64,4096,16"):
+        try:
+            t1, t2, n = stage_times(sweeps[name][0])
+            print(f"{name:16s} splits={n:4d} stage1 {t1:7.1f} us  combine {t2:6.1f} us")
+        except Exception as exc:
+            print(f"{name:16s} stage times ERROR {type(exc).__name__}: {str(exc)[:300]}")
 
     print("\n== compiled stage-1 variants ==")
     print("\n".join(kernel_resources()))
@@ -417,8 +487,10 @@ def main() -> int:
         default = mine[0]
         best = min(mine, key=lambda r: r[2])
         for tag, r in (("default", default), ("best", best)):
-            c = r[1]
+            c = r[1].config
             cfg = f"h{c.block_h} n{c.block_n} w{c.num_warps} s{c.num_stages} ppsm{c.programs_per_sm}"
+            cfg += f" split={r[1].split}" if r[1].split else ""
+            cfg += "" if c.fp8_v_fp16 or r[1].kv_dtype is None else " V-in-q-dtype"
             print(f"{name:16s} {r[2]:8.1f} {100 * r[3]:7.1f}% {r[4]:8.1f}  {tag}: {cfg}")
     print(f"\ncorrectness failures: {failures}; total {time.time() - t_start:.0f}s")
     return 1 if failures else 0
@@ -436,6 +508,15 @@ def smoke() -> int:
         ok = err <= TOL[case.dtype] and lse_err <= 1e-2
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {case.label():45s} rel={err:.2e} lse_abs={lse_err:.1e}")
+    global graph_us  # no CUDA graphs on CPU: run each call once so the plumbing is exercised
+
+    def graph_us(calls: list, replays: int = 30) -> float:
+        for fn in calls:
+            fn()
+        return 0.0
+
+    tiny = Case(2, 16, 300, torch.float16, return_lse=False, config=KernelConfig(16, 32, 4, 2))
+    print("tiny sweep case", check_case(tiny, seed=1, rows=2), time_case(tiny), stage_times(tiny))
     return 1 if failures else 0
 
 

@@ -30,12 +30,13 @@ import triton
 import triton.language as tl
 
 from tilegym.ops.contract import MLADecodeCall
-from tilegym.ops.split_plan import plan_splits
+from tilegym.ops.split_plan import SplitPlan, plan_splits
 from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
 from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
 
 LOG2_E = math.log2(math.e)
 MAX_BLOCK_H = 64
+SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured faster
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class KernelConfig:
 
     ``block_h``: query heads per program (>= 16: ``tl.dot`` needs M >= 16 on GPUs).
     ``block_n``: KV tokens per loop step. ``programs_per_sm``: occupancy goal handed to
-    ``plan_splits`` when the user does not fix ``kv_len_per_split``.
+    ``plan_splits`` when the user does not fix ``kv_len_per_split``. ``fp8_v_fp16``: with
+    an fp8 cache, multiply P by V in fp16 rather than in the query dtype.
     """
 
     block_h: int
@@ -52,18 +54,26 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 2
+    fp8_v_fp16: bool = True
 
 
 def default_config(call: MLADecodeCall) -> KernelConfig:
-    """Tile sizes by vendor and head count (the GPU numbers come from H200 sweeps)."""
+    """Tile sizes by vendor, head count and cache dtype (NVIDIA numbers: H200 sweeps,
+    benchmarks/NOTES_triton.md)."""
     block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(call.heads)))
     if call.vendor == "cpu":  # interpreter: its cost is programs x loop steps
         return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=1)
-    if call.vendor == "amd":
+    if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
-    if block_h <= 16:
-        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2)
-    return KernelConfig(block_h, block_n=32, num_warps=8, num_stages=2)
+    if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
+        return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
+    if block_h == 32:
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
+    if call.is_fp8:
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3)
+    if call.batch * call.seq_len <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
+    return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2, programs_per_sm=4)
 
 
 @triton.jit
@@ -101,6 +111,7 @@ def _mla_split_kv_kernel(
     NUM_STAGES: tl.constexpr,
     HAS_KV_LENS: tl.constexpr,
     IS_FP8: tl.constexpr,
+    FP8_V_FP16: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
     # Memory traffic per program: reads L * (D + P) * sizeof(kv) bytes of cache for its
@@ -143,8 +154,16 @@ def _mla_split_kv_kernel(
         kv = tl.load(kv_row + offs_n[:, None] * stride_kv_s + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         kpe = tl.load(kpe_row + offs_n[:, None] * stride_kpe_s + offs_p[None, :], mask=n_mask[:, None], other=0.0)
         if IS_FP8:
+            # Both conversions are exact. FP8_V_FP16: the V side in fp16 (one native
+            # e4m3 -> f16 convert on NVIDIA; p in [0, 1] loses nothing in fp16).
+            if FP8_V_FP16:
+                v = kv.to(tl.float16)
+            else:
+                v = kv.to(compute_dtype)
             kv = kv.to(compute_dtype)
             kpe = kpe.to(compute_dtype)
+        else:
+            v = kv
         scores = tl.dot(qpe, tl.trans(kpe))
         scores = tl.dot(q, tl.trans(kv), scores)
         # n0 < end, so every tile has a valid token and m_new is finite.
@@ -153,7 +172,7 @@ def _mla_split_kv_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(compute_dtype), kv)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     if IS_FP8:
@@ -166,6 +185,18 @@ def _mla_split_kv_kernel(
     if WRITE_LSE:
         lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
         tl.store(lse_ptr + b * stride_lse_b + split * stride_lse_n + offs_h * stride_lse_h, lse, mask=h_mask)
+
+
+def split_plan(call: MLADecodeCall, config: KernelConfig) -> SplitPlan:
+    """The split plan for this call: ``plan_splits`` with this kernel's programs per split."""
+    return plan_splits(
+        call.seq_len,
+        call.batch * cdiv(call.heads, config.block_h),
+        multiprocessor_count(call.device),
+        kv_len_per_split=call.kv_len_per_split,
+        block_n=config.block_n,
+        programs_per_sm=config.programs_per_sm,
+    )
 
 
 def _launch_stage1(
@@ -207,6 +238,7 @@ def _launch_stage1(
         NUM_STAGES=config.num_stages,
         HAS_KV_LENS=call.kv_lens is not None,
         IS_FP8=call.is_fp8,
+        FP8_V_FP16=config.fp8_v_fp16,
         WRITE_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -220,15 +252,7 @@ def mla_decode_into(call: MLADecodeCall, config: KernelConfig | None = None) -> 
     """
     config = config or default_config(call)
     batch, heads, seq_len = call.batch, call.heads, call.seq_len
-    head_groups = cdiv(heads, config.block_h)
-    plan = plan_splits(
-        seq_len,
-        batch * head_groups,
-        multiprocessor_count(call.device),
-        kv_len_per_split=call.kv_len_per_split,
-        block_n=config.block_n,
-        programs_per_sm=config.programs_per_sm,
-    )
+    plan = split_plan(call, config)
     split_len = min(plan.kv_len_per_split, seq_len)  # same result, keeps the index math in int32
     lse = torch.empty((batch, heads), dtype=torch.float32, device=call.device) if call.return_lse else None
     if plan.num_splits == 1:
