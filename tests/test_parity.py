@@ -11,6 +11,7 @@ same grid runs plus larger shapes, CUDA graph capture/replay and bitwise determi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Iterator
@@ -24,7 +25,6 @@ from tilegym.bench import TOLERANCES, fp8_dtype, interpreter_limitations
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
 from tilegym.testing import MLAInputs, make_mla_inputs, mla_decode_float64, relative_error
 
-DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 LSE_ATOL = 1e-3  # lse is float32 math on exact products: errors ~1e-5; a missed block shifts it by >1e-2
 # splitk_reduce: inputs are exact, so only the rounding of the output remains.
 REDUCE_TOLERANCES = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 5e-3}
@@ -46,10 +46,11 @@ class Case:
     sm_scale: float | None = None
     head_dim: int = 512
     rope_dim: int = 64
+    device: str = "cpu"
 
     @property
     def id(self) -> str:
-        parts = [f"B{self.batch}H{self.heads}S{self.seq_len}", str(self.dtype).removeprefix("torch.")]
+        parts = [self.device, f"B{self.batch}H{self.heads}S{self.seq_len}", str(self.dtype).removeprefix("torch.")]
         parts += ["lens"] * (self.kv_lens is not None) + [f"split{self.kv_len_per_split}"] * bool(self.kv_len_per_split)
         parts += ["nolse"] * (not self.return_lse) + ["fp8"] * self.fp8 + ["separate"] * (not self.fused)
         parts += ["scale"] * (self.sm_scale is not None)
@@ -70,10 +71,19 @@ CPU_CASES = [
     Case(2, 16, 100, kv_len_per_split=4096, kv_lens=(0, 0)),
     Case(2, 24, 96, kv_lens=(96, 5)),
     Case(5, 1, 64, fp8=True, fused=False),
+    # bf16 (aiter's query dtype; Triton's interpreter skips these): edge lengths, fp8, 128 heads
+    Case(3, 16, 200, dtype=torch.bfloat16, kv_lens=(0, -3, 999), kv_len_per_split=64),
+    Case(2, 32, 256, dtype=torch.bfloat16, fp8=True, kv_lens=(256, 31)),
+    Case(1, 128, 96, dtype=torch.bfloat16, fused=False, return_lse=False),
 ]
-GPU_CASES = [
+GRAPH_CASE = Case(16, 16, 2048, dtype=torch.bfloat16, kv_lens=tuple(range(0, 4096, 256)), device="cuda")
+BIG_HEADS_CASE = Case(
+    8, 128, 8192, dtype=torch.bfloat16, kv_lens=(8192, 0, 1, 4095, 4096, 7000, 9000, -1), device="cuda"
+)
+# On the GPU: the CPU cases again (out-of-range kv_lens can only be caught there), plus large shapes.
+GPU_CASES = [dataclasses.replace(c, device="cuda") for c in CPU_CASES] + [
     Case(64, 16, 4096, dtype=torch.bfloat16),
-    Case(8, 128, 8192, dtype=torch.bfloat16, kv_lens=(8192, 0, 1, 4095, 4096, 7000, 9000, -1)),
+    BIG_HEADS_CASE,
     Case(32, 64, 1024, dtype=torch.bfloat16, fp8=True),
     Case(3, 16, 5000, dtype=torch.float16, kv_lens=(5000, 4999, 17), return_lse=True),
     Case(1, 16, 32768, dtype=torch.bfloat16),
@@ -99,16 +109,16 @@ def _aiter_emulation() -> Callable[[], contextlib.AbstractContextManager] | None
 
 
 @contextlib.contextmanager
-def runnable(backend: str, dot_dtype: torch.dtype | None = None) -> Iterator[None]:
-    """Run the block with ``backend`` made runnable here, or skip saying why it cannot run.
+def runnable(backend: str, device: torch.device, dot_dtype: torch.dtype | None = None) -> Iterator[None]:
+    """Run the block with ``backend`` made runnable on ``device``, or skip saying why it cannot run.
 
     ``dot_dtype``: dtype of the op's matrix products, checked against interpreter limitations.
     """
-    reasons = interpreter_limitations(backend, dot_dtype, DEVICE) if dot_dtype is not None else []
+    reasons = interpreter_limitations(backend, dot_dtype, device) if dot_dtype is not None else []
     if reasons:
         pytest.skip(f"{backend}: {'; '.join(reasons)}")
     context: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if backend == "aiter" and DEVICE.type == "cpu":
+    if backend == "aiter" and device.type == "cpu":
         emulation = _aiter_emulation()
         if emulation is None:
             pytest.skip("aiter on a CPU needs tests/aiter_emulation (emulated_aiter_backend), not available")
@@ -127,7 +137,7 @@ def fresh_generator() -> tuple[torch.Generator, int]:
 
 
 def case_inputs(case: Case, generator: torch.Generator) -> MLAInputs:
-    kv_dtype = fp8_dtype(DEVICE) if case.fp8 else None
+    kv_dtype = fp8_dtype(torch.device(case.device)) if case.fp8 else None
     return make_mla_inputs(
         case.batch,
         case.heads,
@@ -136,7 +146,7 @@ def case_inputs(case: Case, generator: torch.Generator) -> MLAInputs:
         case.rope_dim,
         dtype=case.dtype,
         kv_dtype=kv_dtype,
-        device=DEVICE,
+        device=case.device,
         kv_lens=list(case.kv_lens) if case.kv_lens is not None else None,
         generator=generator,
     )
@@ -198,12 +208,9 @@ def test_mla_decoding_matches_float64(backend: str, case: Case) -> None:
     generator, seed = fresh_generator()
     x = case_inputs(case, generator)
     out = nan_output(x)
-    with runnable(backend, case.dtype):
+    with runnable(backend, torch.device(case.device), case.dtype):
         lse = run_case(backend, case, x, out)
     assert_matches_oracle(case, x, out, lse, seed)
-
-
-GRAPH_CASE = Case(16, 16, 2048, dtype=torch.bfloat16, kv_lens=tuple(range(0, 4096, 256)))
 
 
 @pytest.mark.gpu
@@ -214,7 +221,7 @@ def test_cuda_graph_replay_matches_float64(backend: str) -> None:
     generator, seed = fresh_generator()
     x = case_inputs(case, generator)
     out = nan_output(x)
-    with runnable(backend, case.dtype):
+    with runnable(backend, torch.device(case.device), case.dtype):
         run_case(backend, case, x, out)  # compiles, loads, and skips if the backend cannot run
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -225,7 +232,7 @@ def test_cuda_graph_replay_matches_float64(backend: str) -> None:
     with torch.cuda.graph(graph):
         lse = run_case(backend, case, x, out)
     fresh = make_mla_inputs(
-        case.batch, case.heads, case.seq_len, dtype=case.dtype, device=DEVICE, kv_lens=None, generator=generator
+        case.batch, case.heads, case.seq_len, dtype=case.dtype, device=case.device, kv_lens=None, generator=generator
     )
     for name in ("q", "qpe", "cache"):
         getattr(x, name).copy_(getattr(fresh, name))
@@ -238,7 +245,7 @@ def test_cuda_graph_replay_matches_float64(backend: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [GRAPH_CASE, GPU_CASES[1]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [GRAPH_CASE, BIG_HEADS_CASE], ids=lambda c: c.id)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mla_decoding_is_bitwise_deterministic(backend: str, case: Case) -> None:
     generator, _ = fresh_generator()
@@ -246,7 +253,7 @@ def test_mla_decoding_is_bitwise_deterministic(backend: str, case: Case) -> None
     outs, lses = [], []
     for _ in range(2):
         out = nan_output(x)
-        with runnable(backend, case.dtype):
+        with runnable(backend, torch.device(case.device), case.dtype):
             lses.append(run_case(backend, case, x, out))
         outs.append(out)
     torch.cuda.synchronize()
@@ -266,22 +273,25 @@ class ReduceCase:
     head_dim: int
     dtype: torch.dtype
     out_dtype: torch.dtype | None = None  # None: the dtype of partial_out
+    device: str = "cpu"
 
     @property
     def id(self) -> str:
         dtypes = [str(d).removeprefix("torch.") for d in (self.dtype, self.out_dtype or self.dtype)]
-        return f"B{self.batch}H{self.heads}N{self.splits}D{self.head_dim}-" + "-to-".join(dtypes)
+        return f"{self.device}-B{self.batch}H{self.heads}N{self.splits}D{self.head_dim}-" + "-to-".join(dtypes)
 
 
-REDUCE_GRID = [
-    pytest.param(c, id=c.id)
-    for c in (
-        ReduceCase(2, 16, 4, 512, torch.float32),
-        ReduceCase(3, 8, 7, 512, torch.float32, torch.bfloat16),
-        ReduceCase(2, 16, 5, 128, torch.bfloat16),
-        ReduceCase(1, 4, 1, 512, torch.float16),
-    )
-] + [pytest.param(ReduceCase(32, 128, 33, 512, torch.float32, torch.bfloat16), id="gpu-large", marks=pytest.mark.gpu)]
+REDUCE_CASES = [
+    ReduceCase(2, 16, 4, 512, torch.float32),
+    ReduceCase(3, 8, 7, 512, torch.float32, torch.bfloat16),
+    ReduceCase(2, 16, 5, 128, torch.bfloat16),
+    ReduceCase(1, 4, 1, 512, torch.float16),
+]
+REDUCE_GRID = [pytest.param(c, id=c.id) for c in REDUCE_CASES] + [
+    pytest.param(c, id=c.id, marks=pytest.mark.gpu)
+    for c in [dataclasses.replace(c, device="cuda") for c in REDUCE_CASES]
+    + [ReduceCase(32, 128, 33, 512, torch.float32, torch.bfloat16, device="cuda")]
+]
 
 
 def reduce_inputs(case: ReduceCase, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +301,7 @@ def reduce_inputs(case: ReduceCase, generator: torch.Generator) -> tuple[torch.T
     partial_lse = torch.randn(*shape, generator=generator) * 3
     partial_lse[torch.rand(*shape, generator=generator) < 0.3] = float("-inf")
     partial_lse[0, 0] = float("-inf")
-    return partial_out.to(DEVICE), partial_lse.to(DEVICE)
+    return partial_out.to(case.device), partial_lse.to(case.device)
 
 
 def reduce_float64(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> torch.Tensor:
@@ -306,8 +316,10 @@ def test_splitk_reduce_matches_float64(backend: str, case: ReduceCase) -> None:
     generator, seed = fresh_generator()
     partial_out, partial_lse = reduce_inputs(case, generator)
     out_dtype = case.out_dtype or case.dtype
-    out = torch.full((case.batch, case.heads, case.head_dim), float("nan"), dtype=out_dtype, device=DEVICE)
-    with runnable(backend):  # the combine has no matrix product: no interpreter limitation applies
+    out = torch.full((case.batch, case.heads, case.head_dim), float("nan"), dtype=out_dtype, device=case.device)
+    with runnable(
+        backend, torch.device(case.device)
+    ):  # the combine has no matrix product: no interpreter limitation applies
         result = splitk_reduce(partial_out, partial_lse, out=out, backend=backend)
     expected = reduce_float64(partial_out, partial_lse)
     assert result is out and bool(torch.isfinite(out).all()), f"unwritten or non-finite output, seed {seed}"
