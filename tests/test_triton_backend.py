@@ -1,0 +1,205 @@
+"""Triton backend: kernels against the float64 oracle (CPU: Triton's interpreter; GPU: real).
+
+On CPU the interpreter computes a bf16 ``tl.dot`` on the raw uint16 bit patterns (silently
+wrong). ``_exact_bf16_dot`` below patches that one builder method for this module, so the
+bf16 cases are real tests of the kernel: the kernel keeps bf16 only at loads/stores and as
+dot operands (its softmax math is float32), which the interpreter handles correctly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tilegym.backend import BackendUnavailableError, implementations
+from tilegym.ops import mla_decoding_split_kv, splitk_reduce
+from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REL_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # rel. L2 vs float64; measured ~2.5e-4 / ~2e-3
+LSE_ATOL = 1e-4  # float32 math on exact products: ~1e-6 measured
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _exact_bf16_dot():
+    """Interpreter only: compute bf16 ``tl.dot`` in float32 from the real bf16 values."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def as_float32(handle):
+        if handle.dtype.scalar == tl.bfloat16:  # stored as uint16: widen the bit pattern
+            return interpreter.TensorHandle((handle.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+        return handle
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, as_float32(a), as_float32(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+    yield
+    interpreter.InterpreterBuilder.create_dot = original
+
+
+def run_triton(inputs, **kwargs):
+    return mla_decoding_split_kv(
+        inputs.q,
+        inputs.qpe,
+        inputs.kv,
+        inputs.kpe,
+        kv_lens=inputs.kv_lens,
+        kv_scale=inputs.kv_scale,
+        backend="triton",
+        **kwargs,
+    )
+
+
+def assert_matches_oracle(inputs, out, lse=None, *, dtype=torch.float16, sm_scale=None):
+    ref_out, ref_lse = mla_decode_float64(
+        inputs.q, inputs.qpe, inputs.kv, inputs.kpe, sm_scale, kv_lens=inputs.kv_lens, kv_scale=inputs.kv_scale
+    )
+    assert not torch.isnan(out).any()
+    err = relative_error(out, ref_out)
+    assert err <= REL_TOL[dtype], f"rel. error {err:.2e} > {REL_TOL[dtype]:.0e}"
+    if lse is not None:
+        lse = lse.cpu().double()
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "empty rows must give lse = -inf, others finite"
+        finite = torch.isfinite(ref_lse)
+        assert (lse[finite] - ref_lse[finite]).abs().max().item() <= LSE_ATOL
+
+
+# (batch, heads, seq_len, head_dim, rope_dim, kv_len_per_split, kv_lens)
+SHAPES = [
+    pytest.param(2, 16, 129, 512, 64, None, None, id="D512-S129-auto-splits"),
+    pytest.param(2, 8, 1000, 64, 16, None, [1000, 0], id="H8-S1000-zero-row"),
+    pytest.param(2, 24, 1000, 64, 16, 300, [-7, 5000], id="H24-split300-lens-out-of-range"),
+    pytest.param(3, 16, 300, 64, 16, 1000, [300, 17, 0], id="one-split-direct-write"),
+    pytest.param(2, 16, 512, 64, 16, 64, [100, 1], id="empty-splits"),
+    pytest.param(1, 40, 70, 32, 16, 33, None, id="H40-two-head-groups-split33"),
+]
+
+
+@pytest.mark.parametrize(("batch", "heads", "seq_len", "head_dim", "rope_dim", "split", "lens"), SHAPES)
+def test_fp16_matches_float64(batch, heads, seq_len, head_dim, rope_dim, split, lens):
+    inputs = make_mla_inputs(
+        batch, heads, seq_len, head_dim, rope_dim, dtype=torch.float16, kv_lens=lens, device=DEVICE
+    )
+    out, lse = run_triton(inputs, kv_len_per_split=split, return_lse=True)
+    assert_matches_oracle(inputs, out, lse)
+
+
+@pytest.mark.parametrize("split", [None, 48], ids=["auto-splits", "split48"])
+def test_bf16_matches_float64(split):
+    inputs = make_mla_inputs(2, 16, 200, 512, 64, dtype=torch.bfloat16, kv_lens=[200, 61], device=DEVICE)
+    out, lse = run_triton(inputs, kv_len_per_split=split, return_lse=True)
+    assert_matches_oracle(inputs, out, lse, dtype=torch.bfloat16)
+
+
+def test_bf16_check_catches_a_wrong_scale():
+    """The bf16 tolerance is tight enough to see a 10% error in sm_scale."""
+    inputs = make_mla_inputs(2, 16, 200, 64, 16, dtype=torch.bfloat16, device=DEVICE)
+    scale = 1.1 * (64 + 16) ** -0.5
+    out = run_triton(inputs, sm_scale=scale)
+    ref_out, _ = mla_decode_float64(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
+    assert relative_error(out, ref_out) > REL_TOL[torch.bfloat16]
+    assert_matches_oracle(inputs, out, dtype=torch.bfloat16, sm_scale=scale)
+
+
+def test_separate_kv_and_kpe_storage():
+    inputs = make_mla_inputs(2, 16, 150, 64, 16, dtype=torch.float16, device=DEVICE)
+    kv, kpe = inputs.kv.contiguous(), inputs.kpe.contiguous()
+    out = mla_decoding_split_kv(inputs.q, inputs.qpe, kv, kpe, kv_len_per_split=64, backend="triton")
+    assert_matches_oracle(inputs, out)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
+def test_fp8_cache(q_dtype):
+    inputs = make_mla_inputs(
+        2, 16, 300, 64, 16, dtype=q_dtype, kv_dtype=torch.float8_e4m3fn, kv_lens=[300, 90], device=DEVICE
+    )
+    assert inputs.kv.dtype == torch.float8_e4m3fn and inputs.kv_scale is not None
+    out, lse = run_triton(inputs, kv_len_per_split=128, return_lse=True)
+    assert_matches_oracle(inputs, out, lse, dtype=q_dtype)
+
+
+def test_out_is_written_in_place_and_empty_rows_are_zero():
+    inputs = make_mla_inputs(2, 16, 100, 64, 16, dtype=torch.float16, kv_lens=[0, 100], device=DEVICE)
+    out = torch.full((2, 16, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    result, lse = run_triton(inputs, out=out, return_lse=True)
+    assert result is out
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.isneginf(lse[0]).all()
+    assert_matches_oracle(inputs, out, lse)
+
+
+def test_splitk_reduce_matches_float64():
+    generator = torch.Generator().manual_seed(0)
+    partial = torch.randn(3, 5, 7, 40, generator=generator)
+    lse = torch.randn(3, 5, 7, generator=generator) * 3
+    lse[0, 1, 2:5] = float("-inf")  # empty splits
+    lse[2, 4, :] = float("-inf")  # a row with no token at all
+    partial[0, 1, 3] = float("nan")  # an empty split's partial must never be read
+    out = splitk_reduce(partial.to(DEVICE), lse.to(DEVICE), backend="triton")
+    weights = torch.softmax(lse.double(), dim=-1).nan_to_num(0.0)
+    expected = torch.einsum("bhn,bhnd->bhd", weights, partial.double().nan_to_num(0.0))
+    assert relative_error(out, expected) < 1e-6
+    assert torch.equal(out[2, 4].cpu(), torch.zeros(40))
+
+
+def test_splitk_reduce_strided_lse_and_half_output():
+    generator = torch.Generator().manual_seed(1)
+    partial = torch.randn(2, 3, 4, 32, generator=generator).to(DEVICE)
+    lse = torch.randn(2, 4, 3, generator=generator).to(DEVICE).transpose(1, 2)  # non-contiguous [B, H, N]
+    out = torch.empty(2, 3, 32, dtype=torch.float16, device=DEVICE)
+    splitk_reduce(partial, lse, out=out, backend="triton")
+    weights = torch.softmax(lse.double().cpu(), dim=-1)
+    expected = torch.einsum("bhn,bhnd->bhd", weights, partial.double().cpu())
+    assert relative_error(out, expected) < 1e-3
+
+
+def test_registered_for_both_ops():
+    for op in ("mla_decoding_split_kv", "splitk_reduce"):
+        impl = implementations(op)["triton"]
+        assert set(impl.vendors) == {"nvidia", "amd", "cpu"}
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "rope_dim", "message"),
+    [(48, 16, "head dim D=48"), (64, 8, "rope dim P=8"), (1024, 64, "head dim D=1024")],
+)
+def test_unsupported_dims_say_why(head_dim, rope_dim, message):
+    inputs = make_mla_inputs(1, 16, 8, head_dim, rope_dim, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(BackendUnavailableError, match=message):
+        run_triton(inputs)
+
+
+def test_cpu_needs_the_interpreter(monkeypatch):
+    from tilegym.ops.contract import validate_mla_decoding
+    from tilegym.ops.triton import mla_supports
+
+    inputs = make_mla_inputs(1, 16, 8, 64, 16, dtype=torch.float16)
+    call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert any("TRITON_INTERPRET=1" in r for r in mla_supports(call))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert mla_supports(call) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("batch", "heads", "seq_len"), [(4, 16, 1000), (2, 128, 777), (64, 16, 4096)])
+def test_gpu_parity_and_determinism(dtype, batch, heads, seq_len):
+    lens = [seq_len - 3 * i for i in range(batch)]
+    inputs = make_mla_inputs(batch, heads, seq_len, dtype=dtype, kv_lens=lens, device="cuda")
+    out, lse = run_triton(inputs, return_lse=True)
+    again, _ = run_triton(inputs, return_lse=True)
+    assert torch.equal(out, again)
+    assert_matches_oracle(inputs, out, lse, dtype=dtype)
