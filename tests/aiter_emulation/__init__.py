@@ -14,6 +14,9 @@ checks, in PyTorch on CPU tensors. Nothing outside the tests imports it.
   ``arch`` GPU, the registry entry also accepts the "cpu" vendor, and the probe and metadata
   caches start empty. Everything is restored on exit. Used by the cross-backend parity
   suite as "aiter-emulation"; keep its name and behaviour stable. Not thread-safe.
+
+Import it as ``from aiter_emulation import emulated_aiter_backend`` (pytest puts ``tests/``
+on ``sys.path``; the package imports its own modules that way).
 """
 
 from __future__ import annotations
