@@ -21,11 +21,12 @@ import pytest
 import torch
 
 from tilegym.backend import BACKENDS, BackendUnavailableError
-from tilegym.bench import TOLERANCES, fp8_dtype, interpreter_limitations
+from tilegym.bench import FP8_QUERY_BACKENDS, error_tolerance, fp8_dtype, interpreter_limitations
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
 from tilegym.testing import MLAInputs, make_mla_inputs, mla_decode_float64, relative_error
 
 LSE_ATOL = 1e-3  # lse is float32 math on exact products: errors ~1e-5; a missed block shifts it by >1e-2
+FP8_QUERY_LSE_ATOL = 3e-2  # a query quantised to fp8 (FP8_QUERY_BACKENDS) moves lse by up to ~1e-2
 # splitk_reduce: inputs are exact, so only the rounding of the output remains.
 REDUCE_TOLERANCES = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
@@ -73,7 +74,7 @@ CPU_CASES = [
     Case(5, 1, 64, fp8=True, fused=False),
     # bf16 (aiter's query dtype; Triton's interpreter skips these): edge lengths, fp8, 128 heads
     Case(3, 16, 200, dtype=torch.bfloat16, kv_lens=(0, -3, 999), kv_len_per_split=64),
-    Case(2, 32, 256, dtype=torch.bfloat16, fp8=True, kv_lens=(256, 31)),
+    Case(2, 16, 256, dtype=torch.bfloat16, fp8=True, kv_lens=(256, 31)),
     Case(1, 128, 96, dtype=torch.bfloat16, fused=False, return_lse=False),
 ]
 GRAPH_CASE = Case(16, 16, 2048, dtype=torch.bfloat16, kv_lens=tuple(range(0, 4096, 256)), device="cuda")
@@ -161,21 +162,25 @@ def nan_output(x: MLAInputs) -> torch.Tensor:
     return torch.full_like(x.q, float("nan"))
 
 
-def assert_matches_oracle(case: Case, x: MLAInputs, out: torch.Tensor, lse: torch.Tensor | None, seed: int) -> None:
+def assert_matches_oracle(
+    backend: str, case: Case, x: MLAInputs, out: torch.Tensor, lse: torch.Tensor | None, seed: int
+) -> None:
     kv, kpe = kv_and_kpe(case, x)
     expected, expected_lse = mla_decode_float64(
         x.q, x.qpe, kv, kpe, case.sm_scale, kv_lens=x.kv_lens, kv_scale=x.kv_scale
     )
     err = relative_error(out, expected)
+    tolerance = error_tolerance(backend, case.dtype, kv.dtype)
     assert out.dtype == case.dtype, f"seed {seed}"
     assert bool(torch.isfinite(out).all()), f"output has NaN/Inf (unwritten elements?), seed {seed}"
-    assert err <= TOLERANCES[case.dtype], f"rel. L2 error {err:.2e} > {TOLERANCES[case.dtype]:.0e}, seed {seed}"
+    assert err <= tolerance, f"rel. L2 error {err:.2e} > {tolerance:.0e}, seed {seed}"
     if x.kv_lens is not None:
         empty = (x.kv_lens <= 0).cpu()
         assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
     if case.return_lse:
         assert lse is not None and lse.dtype == torch.float32 and lse.shape == x.q.shape[:2]
-        torch.testing.assert_close(lse.cpu().double(), expected_lse, atol=LSE_ATOL, rtol=0, msg=f"lse, seed {seed}")
+        atol = FP8_QUERY_LSE_ATOL if case.fp8 and backend in FP8_QUERY_BACKENDS else LSE_ATOL
+        torch.testing.assert_close(lse.cpu().double(), expected_lse, atol=atol, rtol=0, msg=f"lse, seed {seed}")
 
 
 def run_case(backend: str, case: Case, x: MLAInputs, out: torch.Tensor) -> torch.Tensor | None:
@@ -210,7 +215,7 @@ def test_mla_decoding_matches_float64(backend: str, case: Case) -> None:
     out = nan_output(x)
     with runnable(backend, torch.device(case.device), case.dtype):
         lse = run_case(backend, case, x, out)
-    assert_matches_oracle(case, x, out, lse, seed)
+    assert_matches_oracle(backend, case, x, out, lse, seed)
 
 
 @pytest.mark.gpu
@@ -241,7 +246,7 @@ def test_cuda_graph_replay_matches_float64(backend: str) -> None:
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_matches_oracle(case, x, out, lse, seed)
+    assert_matches_oracle(backend, case, x, out, lse, seed)
 
 
 @pytest.mark.gpu

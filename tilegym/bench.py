@@ -43,6 +43,10 @@ HEAD_DIM, ROPE_DIM = 512, 64  # DeepSeek-V2/V3 latent and rope widths
 
 # Largest relative L2 error vs float64 that passes, by the dtype of q (and of the output).
 TOLERANCES: dict[torch.dtype, float] = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+# Backends whose fp8-KV path also quantises the query to fp8 (aiter's a8w8 kernels; see
+# tilegym/ops/aiter): e4m3 rounding of q alone gives ~3e-2 (measured under the emulation).
+FP8_QUERY_BACKENDS = ("aiter",)
+FP8_QUERY_TOLERANCE = 5e-2
 
 ROTATE_BYTES = 256 << 20  # rotate input sets until together they exceed this (H200 L2: 60 MB)
 MAX_INPUT_SETS = 64
@@ -294,9 +298,17 @@ def fill_metrics(row: Row, ceilings: Ceilings, kv_elsize: int, q_elsize: int) ->
     row.pct_roofline = 100 * row.floor_us / row.time_us
 
 
+def error_tolerance(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
+    """The relative L2 error vs float64 a correct ``backend`` stays under for these dtypes."""
+    if kv_dtype in FP8_DTYPES and backend in FP8_QUERY_BACKENDS:
+        return FP8_QUERY_TOLERANCE
+    return TOLERANCES[dtype]
+
+
 def new_row(backend: str, shape: Shape, cfg: BenchConfig, status: str = "", note: str = "") -> Row:
     dtypes = DTYPE_SHORT_NAMES[cfg.dtype], DTYPE_SHORT_NAMES[cfg.kv_dtype]
-    return Row(backend, *dataclasses.astuple(shape), *dtypes, status, tolerance=TOLERANCES[cfg.dtype], note=note)
+    tolerance = error_tolerance(backend, cfg.dtype, cfg.kv_dtype)
+    return Row(backend, *dataclasses.astuple(shape), *dtypes, status, tolerance=tolerance, note=note)
 
 
 def error_row(backend: str, shape: Shape, cfg: BenchConfig, note: str) -> Row:
