@@ -113,6 +113,18 @@ def test_bf16_check_catches_a_wrong_scale():
     assert_matches_oracle(inputs, out, dtype=torch.bfloat16, sm_scale=scale)
 
 
+@pytest.mark.parametrize(("block_h", "block_n"), [(16, 32), (16, 128), (32, 32), (64, 64)])
+def test_gpu_tile_sizes(block_h, block_n):
+    """The masks and split plan under the tile sizes the GPU defaults use (CI runs BLOCK_N=64)."""
+    from tilegym.ops.contract import validate_mla_decoding
+    from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, mla_decode_into
+
+    inputs = make_mla_inputs(2, 40, 300, 64, 16, dtype=torch.float16, kv_lens=[300, 77], device=DEVICE)
+    call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens, return_lse=True)
+    lse = mla_decode_into(call, KernelConfig(block_h, block_n, num_warps=4, num_stages=2))
+    assert_matches_oracle(inputs, call.out, lse)
+
+
 def test_separate_kv_and_kpe_storage():
     inputs = make_mla_inputs(2, 16, 150, 64, 16, dtype=torch.float16, device=DEVICE)
     kv, kpe = inputs.kv.contiguous(), inputs.kpe.contiguous()

@@ -37,6 +37,7 @@ from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
 LOG2_E = math.log2(math.e)
 MAX_BLOCK_H = 64
 SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured faster
+FEW_ROWS = 8  # batch rows (H <= 16) at or below which 128-token steps measured faster
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,13 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
     if call.is_fp8:
-        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3)
+        return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2)
     if call.batch * call.seq_len <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
+    if call.batch <= FEW_ROWS:  # one long request: long steps, one program per SM
+        return KernelConfig(block_h, block_n=128, num_warps=8, num_stages=2, programs_per_sm=1)
+    # programs_per_sm=4 is the best of {1, 2, 4} with plan_splits rounding the split count
+    # up; whole waves (4 splits for B=64) measured faster still (NOTES_triton.md).
     return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2, programs_per_sm=4)
 
 
