@@ -15,7 +15,8 @@ With one split the program writes the final output (and lse) itself; otherwise i
 float32 partials [B, H, N, D] + lse [B, H, N] that ``splitk_reduce`` merges. No host
 synchronisation, no value-dependent allocation, no atomics: graph-capturable, deterministic.
 
-The same source targets ROCm, but the ROCm path is untested on hardware. AMD wavefronts
+The kernels use no NVIDIA-only feature (the fp8 capability check lives in ``supports``),
+so the same source targets ROCm, but the ROCm path is untested on hardware. AMD wavefronts
 are 64 lanes and LDS is 64 KB (MI300), so AMD would want ``BLOCK_N`` = 32 and a single
 software pipeline stage for D = 512; ``default_config`` encodes that guess.
 """
