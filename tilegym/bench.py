@@ -124,10 +124,10 @@ class Ceilings:
 
 def measure_copy_gbps(device: torch.device, nbytes: int) -> float:
     """Device-to-device copy of ``nbytes``; counts bytes read plus bytes written."""
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    src = torch.randn(nbytes // 4, dtype=torch.float32, device=device)  # < 2^31 elements: 32-bit indexing
     dst = torch.empty_like(src)
     timing = time_calls([lambda: dst.copy_(src)], device, warmup=3, repeat=10, use_graph=False)
-    return 2 * nbytes / (timing.median_us * 1e3)
+    return 2 * src.nbytes / (timing.median_us * 1e3)
 
 
 def measure_matmul_tflops(device: torch.device, n: int, dtype: torch.dtype) -> float:
