@@ -7,8 +7,8 @@ median; rotating input sets when a set would fit in L2), and reports microsecond
 TFLOP/s, the share of each ceiling and of the roofline floor, and the speed ratios
 between backends. Writes JSON, CSV, a markdown table and a PNG plot.
 
-On a CPU the harness runs too (the ``tiny`` suite; Triton only with TRITON_INTERPRET=1):
-the numbers there only prove the harness works.
+On a CPU the harness runs too (the ``tiny`` suite, fp16, Triton in its interpreter): the
+numbers there only prove the harness works.
 """
 
 from __future__ import annotations
@@ -546,7 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tilegym bench", description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="quick", help="named list of (B, S, H) shapes")
     parser.add_argument("--backends", help="comma-separated backends (default: every available one)")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="dtype of q and the output")
+    parser.add_argument(
+        "--dtype", choices=("bf16", "fp16"), help="dtype of q and the output (default: bf16 on a GPU, fp16 on a CPU)"
+    )
     parser.add_argument("--kv-dtype", choices=("fp8",), help="quantised KV cache (default: the --dtype)")
     parser.add_argument("--out-dir", type=Path, help="default: benchmarks/results/<suite>")
     parser.add_argument("--repeat", type=int, help="timed samples per row (default 50 on a GPU, 3 on a CPU)")
@@ -604,6 +606,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.from_json:
         return rewrite_from_json(args.from_json, plot=not args.no_plot)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        # No GPU: Triton runs in its interpreter (read at the kernels' first use), whose bf16
+        # dots are wrong, hence fp16 by default there.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     try:
         backends = parse_backends(args.backends, device)
