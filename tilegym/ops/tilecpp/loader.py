@@ -450,7 +450,8 @@ class TileCppKernel:
         image = cubin.read_bytes()
         name = self.mangled_name(image, cubin)
         drv = _driver()
-        module = _check(drv.cuModuleLoadData(image), f"cuModuleLoadData({cubin})")
+        buffer = ctypes.create_string_buffer(image, len(image))  # the driver copies it while loading
+        module = _check(drv.cuModuleLoadData(ctypes.addressof(buffer)), f"cuModuleLoadData({cubin})")
         self._modules.append(module)
         return _check(drv.cuModuleGetFunction(module, name), f"cuModuleGetFunction({name.decode()})")
 

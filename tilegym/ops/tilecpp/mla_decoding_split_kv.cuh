@@ -6,11 +6,13 @@
 // (S^T[N, H] = kv[N, 512] . q^T[512, H] + kpe[N, 64] . qpe^T[64, H]) and as V for the output
 // (acc^T[512, H] += kv^T[512, N] . P^T[N, H]), with an online (exp2) softmax in float32.
 // It writes the split's normalised float32 output and its natural-log lse; splitk_reduce.cuh
-// merges the splits.
+// merges the splits. With a single split the program writes the final output (dtype T) and
+// lse directly and no combine runs.
+// OCCUPANCY is the compiler hint for CTAs per SM (2 makes it fit two ~110 KB programs per SM).
 //
 // Memory traffic per program (bf16/fp16, D = 512, P = 64, L = tokens of its split):
 //   reads  L * 576 * 2 B of KV (once, whatever BLOCK_H) + BLOCK_H * 576 * 2 B of q/qpe,
-//   writes BLOCK_H * (512 + 1) * 4 B of partial output and lse.
+//   writes BLOCK_H * (512 + 1) * 4 B of partial output and lse (one split: BLOCK_H * 512 * 2 B).
 // Whole launch: B * S * 1152 B of KV per head group (the minimum when one group holds all heads)
 //   + B * H * N_splits * 2052 B of partials, which splitk_reduce reads back once.
 //
@@ -21,14 +23,16 @@
 
 #include "common.cuh"
 
-template <typename T, int BLOCK_H, int BLOCK_N>
+template <typename T, int BLOCK_H, int BLOCK_N, int OCCUPANCY>
+[[using cutile: hint(0, occupancy = OCCUPANCY)]]
 __tile_global__ void mla_split_kv_kernel(const T* __restrict__ q, const T* __restrict__ qpe,
                                          const T* __restrict__ kv, const T* __restrict__ kpe,
                                          const int* __restrict__ kv_lens, float* __restrict__ partial_out,
-                                         float* __restrict__ partial_lse, int heads, int seq_len, int num_splits,
-                                         int kv_len_per_split, int has_kv_lens, long long q_sb, long long q_sh,
-                                         long long qpe_sb, long long qpe_sh, long long kv_sb, long long kv_ss,
-                                         long long kpe_sb, long long kpe_ss, float qk_scale_log2) {
+                                         float* __restrict__ partial_lse, T* __restrict__ out,
+                                         float* __restrict__ out_lse, int heads, int seq_len, int num_splits,
+                                         int kv_len_per_split, int has_kv_lens, int write_lse, long long q_sb,
+                                         long long q_sh, long long qpe_sb, long long qpe_sh, long long kv_sb,
+                                         long long kv_ss, long long kpe_sb, long long kpe_ss, float qk_scale_log2) {
   namespace ct = cuda::tiles;
   constexpr int D = 512;  // latent width: K's first D columns and all of V
   constexpr int P = 64;   // rope width: the rest of K
@@ -112,9 +116,20 @@ __tile_global__ void mla_split_kv_kernel(const T* __restrict__ q, const T* __res
   auto out_dh = acc / ct::select(nonempty, l, ct::full<f32_1H>(1.0f));
   auto lse = ct::select(nonempty, (m + ct::log2(l)) * tilegym::kLn2, ct::full<f32_1H>(-INFINITY));
 
-  // partial_out [B, H, num_splits, D] and partial_lse [B, H, num_splits], contiguous.
-  float* out_base = partial_out + (((long long)b * heads + h0) * num_splits + split) * D;
-  ct::store_masked(out_base + (h_col * (num_splits * D) + d_row), ct::transpose(out_dh), h_ok_col);
-  float* lse_base = partial_lse + ((long long)b * heads + h0) * num_splits + split;
-  ct::store_masked(lse_base + h * num_splits, ct::reshape(lse, ct::shape<BLOCK_H>{}), h_ok);
+  auto h_row_ok = ct::reshape(h_ok, ct::shape<1, BLOCK_H>{});
+  if (num_splits == 1) {
+    // One split: this program's result is final. Write out [B, H, D] (contiguous) in T and the
+    // lse [B, H] when asked, and skip the combine.
+    T* out_base = out + ((long long)b * heads + h0) * D;
+    ct::store_masked(out_base + (h_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), h_ok_col);
+    if (write_lse) {
+      ct::store_masked(out_lse + ((long long)b * heads + h0) + ct::reshape(h, ct::shape<1, BLOCK_H>{}), lse, h_row_ok);
+    }
+  } else {
+    // partial_out [B, H, num_splits, D] and partial_lse [B, H, num_splits], contiguous.
+    float* out_base = partial_out + (((long long)b * heads + h0) * num_splits + split) * D;
+    ct::store_masked(out_base + (h_col * (num_splits * D) + d_row), ct::transpose(out_dh), h_ok_col);
+    float* lse_base = partial_lse + ((long long)b * heads + h0) * num_splits + split;
+    ct::store_masked(lse_base + h * num_splits, ct::reshape(lse, ct::shape<BLOCK_H>{}), h_ok);
+  }
 }

@@ -2,14 +2,16 @@
 
 Stage 1 launches (splits, head groups, B) programs; each writes a float32 partial output and
 lse per split. Stage 2 (``splitk_reduce.cuh``) merges the splits into ``call.out`` and the lse.
-Variants: dtype (bf16, fp16) x heads per program (16, 32); sizes and strides are runtime
-arguments, so a new shape never compiles anything.
+With a single split the first stage writes the final output itself and no combine runs.
+Variants: dtype (bf16, fp16) x tile config (heads per program, tokens per step, occupancy
+hint); sizes and strides are runtime arguments, so a new shape never compiles anything.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +21,8 @@ from tilegym.ops.tilecpp.loader import TileCppKernel
 from tilegym.ops.tilecpp.splitk_reduce import (
     C_TYPES,
     MAX_GRID_YZ,
+    ROWS_TILE,
+    SPLITS_TILE,
     combine_kernel,
     device_arch,
     launch_combine,
@@ -29,43 +33,73 @@ from tilegym.utils import cdiv, multiprocessor_count
 HEADER = "mla_decoding_split_kv.cuh"
 KERNEL = "mla_split_kv_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
-BLOCK_N = 64  # KV tokens per step
-BLOCK_H_CHOICES = (16, 32)  # heads per program
-# One program uses ~190 KB of shared memory, so one fits per SM; two waves balance the tail.
-PROGRAMS_PER_SM = 2
+LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_INT32 = 2**31 - 1
-PARAM_TYPES_AFTER_POINTERS = (*("int",) * 5, *("long long",) * 8, "float")
+MAX_BLOCK_N = 128  # largest tokens-per-step of any variant
+PARAM_TYPES_AFTER_POINTERS = (*("int",) * 6, *("long long",) * 8, "float")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Heads per program, KV tokens per step, occupancy hint (CTAs per SM) of the split kernel."""
+
+    block_h: int
+    block_n: int
+    occupancy: int
+
+    @property
+    def programs_per_sm(self) -> int:
+        return self.occupancy
+
+
+# Library defaults (the best of the configs measured on the H200, benchmarks/NOTES_tilecpp.md):
+# up to 16 heads -> 16-head programs, 64 tokens per step; more heads -> 32-head programs, 128
+# tokens per step. Each uses 150-190 KB of shared memory: one program per SM.
+SMALL_HEADS = TileConfig(16, 64, 1)
+MANY_HEADS = TileConfig(32, 128, 1)
 
 
 @functools.cache
-def split_kv_kernel(dtype: torch.dtype, block_h: int) -> TileCppKernel:
-    """The split-KV kernel for ``dtype`` inputs and ``block_h`` heads per program."""
+def split_kv_kernel(dtype: torch.dtype, config: TileConfig) -> TileCppKernel:
+    """The split-KV kernel for ``dtype`` inputs with tile config ``config``."""
     ctype = C_TYPES[dtype]
-    params = (*(f"const {ctype}*",) * 4, "const int*", "float*", "float*", *PARAM_TYPES_AFTER_POINTERS)
-    return TileCppKernel(HEADER, KERNEL, (ctype, block_h, BLOCK_N), params)
+    pointers = (*(f"const {ctype}*",) * 4, "const int*", "float*", "float*", f"{ctype}*", "float*")
+    template_args = (ctype, config.block_h, config.block_n, config.occupancy)
+    return TileCppKernel(HEADER, KERNEL, template_args, (*pointers, *PARAM_TYPES_AFTER_POINTERS))
 
 
 def all_kernels() -> list[TileCppKernel]:
     """Every split-KV variant the library may launch."""
-    return [split_kv_kernel(dtype, block_h) for dtype in DTYPES for block_h in BLOCK_H_CHOICES]
+    return [split_kv_kernel(dtype, config) for dtype in DTYPES for config in (SMALL_HEADS, MANY_HEADS)]
 
 
-def choose_block_h(heads: int) -> int:
-    """Heads per program: 16 for up to 16 heads, else 32 (fewer re-reads of each KV tile)."""
-    return 16 if heads <= 16 else 32
+def choose_config(heads: int) -> TileConfig:
+    """Tile config for a head count: 16-head programs up to 16 heads, else 32-head programs."""
+    return SMALL_HEADS if heads <= SMALL_HEADS.block_h else MANY_HEADS
 
 
-def split_plan(call: MLADecodeCall, block_h: int, programs_per_sm: int = PROGRAMS_PER_SM) -> SplitPlan:
+def full_wave_slots(num_sms: int, programs_per_split: int) -> int:
+    """Program slots to plan for: the most whole split groups that fit in one wave (at least one).
+
+    A partly filled second wave costs as much as a full one, and one wave of longer splits
+    beat more, shorter splits in every case measured (fewer partials for the combine, too).
+    """
+    return max(programs_per_split, num_sms // programs_per_split * programs_per_split)
+
+
+def split_plan(call: MLADecodeCall, config: TileConfig, kv_len_per_split: int | None = None) -> SplitPlan:
     """The split count for this call (a user ``kv_len_per_split`` is honoured as is)."""
-    programs_per_split = call.batch * cdiv(call.heads, block_h)
+    programs_per_split = call.batch * cdiv(call.heads, config.block_h)
+    slots = multiprocessor_count(call.device) * config.programs_per_sm
     return plan_splits(
         call.seq_len,
         programs_per_split,
-        multiprocessor_count(call.device),
-        kv_len_per_split=call.kv_len_per_split,
-        block_n=BLOCK_N,
-        programs_per_sm=programs_per_sm,
+        full_wave_slots(slots, programs_per_split),
+        kv_len_per_split=kv_len_per_split or call.kv_len_per_split,
+        block_n=config.block_n,
+        programs_per_sm=1,
+        min_blocks_per_split=1,
     )
 
 
@@ -79,8 +113,8 @@ def _layout_reasons(call: MLADecodeCall) -> list[str]:
                 f"elements), got strides {t.stride()}"
             )
     for name in ("kv", "kpe"):
-        if getattr(call, name).stride(1) * BLOCK_N > MAX_INT32:
-            reasons.append(f"tilecpp needs {name}.stride(1) * {BLOCK_N} to fit in int32")
+        if getattr(call, name).stride(1) * MAX_BLOCK_N > MAX_INT32:
+            reasons.append(f"tilecpp needs {name}.stride(1) * {MAX_BLOCK_N} to fit in int32")
     return reasons
 
 
@@ -91,16 +125,20 @@ def supports(call: MLADecodeCall) -> list[str]:
     if (call.head_dim, call.rope_dim) != (HEAD_DIM, ROPE_DIM):
         return [f"tilecpp supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
     reasons = _layout_reasons(call)
-    block_h = choose_block_h(call.heads)
-    if call.batch > MAX_GRID_YZ or cdiv(call.heads, block_h) > MAX_GRID_YZ:
-        reasons.append(f"tilecpp launches (splits, H/{block_h}, B) programs: B and H/{block_h} must be <= 65535")
+    config = choose_config(call.heads)
+    if call.batch > MAX_GRID_YZ or cdiv(call.heads, config.block_h) > MAX_GRID_YZ:
+        reasons.append(
+            f"tilecpp launches (splits, H/{config.block_h}, B) programs: B and H/{config.block_h} must be <= 65535"
+        )
+    num_splits = split_plan(call, config).num_splits
+    if num_splits > 1 and call.batch * call.heads * num_splits * HEAD_DIM > MAX_INT32:
+        reasons.append(f"tilecpp's {num_splits} partial outputs per head are too many for int32 offsets")
     if reasons:
         return reasons
     arch = device_arch(call.device)
-    for stage, kernel in (
-        ("split-KV", split_kv_kernel(call.q.dtype, block_h)),
-        ("combine", combine_kernel(torch.float32, call.q.dtype)),
-    ):
+    kernels = [("split-KV", split_kv_kernel(call.q.dtype, config))]
+    kernels += [("combine", combine_kernel(torch.float32, call.q.dtype, tile)) for tile in (ROWS_TILE, SPLITS_TILE)]
+    for stage, kernel in kernels:
         if not kernel.available(arch):
             reasons.append(
                 f"no cached cubin for the {call.q.dtype} {stage} kernel on {arch} and no Tile-capable nvcc "
@@ -110,24 +148,33 @@ def supports(call: MLADecodeCall) -> list[str]:
 
 
 def launch_split_kv(
-    call: MLADecodeCall, block_h: int, plan: SplitPlan, partial_out: torch.Tensor, partial_lse: torch.Tensor
+    call: MLADecodeCall,
+    kernel: TileCppKernel,
+    config: TileConfig,
+    plan: SplitPlan,
+    partials: tuple[torch.Tensor, torch.Tensor] | None,
+    lse: torch.Tensor | None,
 ) -> None:
-    """Stage 1: fill partial_out [B,H,N,D] float32 and partial_lse [B,H,N]."""
+    """Stage 1: fill ``partials`` (out [B,H,N,D] float32, lse [B,H,N]), or with one split (partials
+    None) ``call.out`` and ``lse`` directly."""
     q, qpe, kv, kpe = call.q, call.qpe, call.kv, call.kpe
-    kv_len_per_split = min(plan.kv_len_per_split, call.seq_len)
+    partial_out, partial_lse = partials if partials is not None else (None, None)
     args = (
         q.data_ptr(),
         qpe.data_ptr(),
         kv.data_ptr(),
         kpe.data_ptr(),
         0 if call.kv_lens is None else call.kv_lens.data_ptr(),
-        partial_out.data_ptr(),
-        partial_lse.data_ptr(),
+        0 if partial_out is None else partial_out.data_ptr(),
+        0 if partial_lse is None else partial_lse.data_ptr(),
+        call.out.data_ptr(),
+        0 if lse is None else lse.data_ptr(),
         call.heads,
         call.seq_len,
         plan.num_splits,
-        kv_len_per_split,
+        min(plan.kv_len_per_split, call.seq_len),
         int(call.kv_lens is not None),
+        int(lse is not None),
         q.stride(0),
         q.stride(1),
         qpe.stride(0),
@@ -136,26 +183,27 @@ def launch_split_kv(
         kv.stride(1),
         kpe.stride(0),
         kpe.stride(1),
-        call.sm_scale * math.log2(math.e),
+        call.sm_scale * LOG2E,
     )
-    grid = (plan.num_splits, cdiv(call.heads, block_h), call.batch)
-    kernel = split_kv_kernel(q.dtype, block_h)
+    grid = (plan.num_splits, cdiv(call.heads, config.block_h), call.batch)
     kernel.launch(grid, args, torch.cuda.current_stream(call.device).cuda_stream, call.device.index)
 
 
 def mla_decoding_split_kv(
-    call: MLADecodeCall, *, block_h: int | None = None, programs_per_sm: int = PROGRAMS_PER_SM
+    call: MLADecodeCall, *, config: TileConfig | None = None, kv_len_per_split: int | None = None
 ) -> torch.Tensor | None:
-    """Run both stages; ``block_h``/``programs_per_sm`` override the defaults (benchmarks)."""
-    block_h = block_h or choose_block_h(call.heads)
-    if block_h not in BLOCK_H_CHOICES:
-        raise ValueError(f"block_h must be one of {BLOCK_H_CHOICES}, got {block_h}")
-    plan = split_plan(call, block_h, programs_per_sm)
-    batch, heads = call.batch, call.heads
-    with on_device(call.device):
-        partial_out = torch.empty((batch, heads, plan.num_splits, HEAD_DIM), dtype=torch.float32, device=call.device)
-        partial_lse = torch.empty((batch, heads, plan.num_splits), dtype=torch.float32, device=call.device)
-        lse = torch.empty((batch, heads), dtype=torch.float32, device=call.device) if call.return_lse else None
-        launch_split_kv(call, block_h, plan, partial_out, partial_lse)
+    """Run the op; ``config`` and ``kv_len_per_split`` override the defaults (benchmarks)."""
+    config = config or choose_config(call.heads)
+    kernel = split_kv_kernel(call.q.dtype, config)
+    plan = split_plan(call, config, kv_len_per_split)
+    batch, heads, device = call.batch, call.heads, call.device
+    with on_device(device):
+        lse = torch.empty((batch, heads), dtype=torch.float32, device=device) if call.return_lse else None
+        if plan.num_splits == 1:
+            launch_split_kv(call, kernel, config, plan, None, lse)
+            return lse
+        partial_out = torch.empty((batch, heads, plan.num_splits, HEAD_DIM), dtype=torch.float32, device=device)
+        partial_lse = torch.empty((batch, heads, plan.num_splits), dtype=torch.float32, device=device)
+        launch_split_kv(call, kernel, config, plan, (partial_out, partial_lse), None)
         launch_combine(partial_out, partial_lse, call.out, lse)
     return lse

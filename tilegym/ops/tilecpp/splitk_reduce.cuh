@@ -1,35 +1,39 @@
 // Split-KV combine: merge per-split partial outputs with their log-sum-exp.
 //
-// One program = (BLOCK_D columns, head, batch row). It walks the N splits BLOCK_S at a time,
-// keeping a running max of the lse and rescaling its float32 sum, so N is a runtime argument:
-//   out[d] = sum_n exp(lse[n] - lse_max) * partial[n, d] / sum_n exp(lse[n] - lse_max).
+// One program = (BLOCK_D columns, BLOCK_R consecutive (batch, head) rows). It walks the N splits
+// BLOCK_S at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile, keeping a running max of the lse
+// and rescaling its float32 sums, so N is a runtime argument:
+//   out[r, d] = sum_n exp(lse[r, n] - max_n lse[r, n]) * partial[r, n, d] / sum_n exp(...).
 // Splits with lse = -inf weigh nothing; a row whose splits are all empty gives zeros.
 // With write_lse, the first column block also writes the merged lse (-inf for an empty row).
+// Two shapes are built: many rows x few splits (large batch) and one row x many splits (long
+// sequences, few rows); both keep BLOCK_R * BLOCK_S * BLOCK_D elements in flight per step.
 //
-// Memory traffic per program: reads N * BLOCK_D * sizeof(TIn) B of partials and N * 4 B of lse
-// (the lse once per column block: D / BLOCK_D times per head), writes BLOCK_D * sizeof(TOut) B
-// (+ 4 B of lse).
-// Whole launch: B * H * N * D * sizeof(TIn) read + B * H * D * sizeof(TOut) written.
+// Memory traffic per program: reads BLOCK_R * N * BLOCK_D * sizeof(TIn) B of partials and
+// BLOCK_R * N * 4 B of lse (the lse once per column block), writes BLOCK_R * BLOCK_D *
+// sizeof(TOut) B (+ BLOCK_R * 4 B of lse). Whole launch: B * H * N * D * sizeof(TIn) read
+// + B * H * D * sizeof(TOut) written.
 //
 // head_dim must be a multiple of BLOCK_D (no column mask, so loads stay 128-bit vectors).
 // partial_out may be any [B, H, N, D] view with unit stride along D whose rows start on 16-byte
-// boundaries (the launcher checks; strides in elements), so its loads are 128-bit vectors;
+// boundaries (the launcher checks; strides in elements, offsets must fit in int32);
 // partial_lse any [B, H, N] view; out is contiguous [B, H, D].
 #pragma once
 
 #include "common.cuh"
 
-template <typename TIn, typename TOut, int BLOCK_S, int BLOCK_D>
+template <typename TIn, typename TOut, int BLOCK_R, int BLOCK_S, int BLOCK_D>
 __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, const float* __restrict__ partial_lse,
-                                          TOut* __restrict__ out, float* __restrict__ out_lse, int heads,
-                                          int num_splits, int head_dim, int write_lse, long long po_sb, long long po_sh, long long po_sn, long long lse_sb,
-                                          long long lse_sh, long long lse_sn) {
+                                          TOut* __restrict__ out, float* __restrict__ out_lse, int rows, int heads,
+                                          int num_splits, int head_dim, int write_lse, long long po_sb,
+                                          long long po_sh, long long po_sn, long long lse_sb, long long lse_sh,
+                                          long long lse_sn) {
   namespace ct = cuda::tiles;
+  using i32_R = ct::tile<int, ct::shape<BLOCK_R>>;
   using i32_S = ct::tile<int, ct::shape<BLOCK_S>>;
   using i32_D = ct::tile<int, ct::shape<BLOCK_D>>;
-  using f32_11 = ct::tile<float, ct::shape<1, 1>>;
-  using f32_1D = ct::tile<float, ct::shape<1, BLOCK_D>>;
-  using i32_11 = ct::tile<int, ct::shape<1, 1>>;
+  using f32_R1 = ct::tile<float, ct::shape<BLOCK_R, 1>>;
+  using f32_RD = ct::tile<float, ct::shape<BLOCK_R, BLOCK_D>>;
 
   constexpr int kVec = 16 / sizeof(TIn);  // elements per 16-byte vector
   partial_out = ct::assume_aligned<16>(partial_out);
@@ -38,41 +42,46 @@ __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, c
   po_sn = ct::assume_divisible<kVec>(po_sn);
 
   const int d0 = ct::bid().x * BLOCK_D;
-  const int h = ct::bid().y;
-  const int b = ct::bid().z;
+  const int r0 = ct::bid().y * BLOCK_R;
 
-  auto d_row = ct::reshape(ct::iota<i32_D>() + d0, ct::shape<1, BLOCK_D>{});
-  auto s_col = ct::reshape(ct::iota<i32_S>(), ct::shape<BLOCK_S, 1>{});
+  auto r = ct::iota<i32_R>() + r0;
+  auto b = r / ct::full<i32_R>(heads);
+  auto h = r - b * heads;
+  auto r_ok2 = ct::reshape(r < rows, ct::shape<BLOCK_R, 1>{});
+  auto r_ok3 = ct::reshape(r < rows, ct::shape<BLOCK_R, 1, 1>{});
+  auto po_row = ct::reshape(b * (int)po_sb + h * (int)po_sh, ct::shape<BLOCK_R, 1, 1>{});
+  auto lse_row = ct::reshape(b * (int)lse_sb + h * (int)lse_sh, ct::shape<BLOCK_R, 1>{});
+  auto s2 = ct::reshape(ct::iota<i32_S>(), ct::shape<1, BLOCK_S>{});
+  auto s3 = ct::reshape(ct::iota<i32_S>(), ct::shape<1, BLOCK_S, 1>{});
+  auto d3 = ct::reshape(ct::iota<i32_D>() + d0, ct::shape<1, 1, BLOCK_D>{});
 
-  const TIn* po_base = partial_out + b * po_sb + h * po_sh;
-  const float* lse_base = partial_lse + b * lse_sb + h * lse_sh;
-
-  auto m = ct::full<f32_11>(-INFINITY);  // running max of lse (natural log)
-  auto total = ct::zeros<f32_11>();      // running sum of exp(lse - m)
-  auto acc = ct::zeros<f32_1D>();        // running sum of exp(lse - m) * partial
+  auto m = ct::full<f32_R1>(-INFINITY);  // running max of lse (natural log)
+  auto total = ct::zeros<f32_R1>();      // running sum of exp(lse - m)
+  auto acc = ct::zeros<f32_RD>();        // running sum of exp(lse - m) * partial
   const int num_chunks = (num_splits + BLOCK_S - 1) / BLOCK_S;
   for (int chunk : ct::irange(0, num_chunks)) {
     const int n0 = chunk * BLOCK_S;
-    auto n_ok = (s_col + n0) < num_splits;
-    auto lse = ct::load_masked(lse_base + n0 * lse_sn + s_col * (int)lse_sn, n_ok, -INFINITY);
-    auto part = ct::element_cast<float>(
-        ct::load_masked(po_base + n0 * po_sn + (s_col * (int)po_sn + d_row), n_ok, TIn(0)));
-    auto m_new = ct::max(m, ct::reduce_max(lse, ct::integral_constant<0>{}));
+    auto lse = ct::load_masked(partial_lse + n0 * lse_sn + (lse_row + s2 * (int)lse_sn),
+                               r_ok2 & ((s2 + n0) < num_splits), -INFINITY);
+    auto part = ct::element_cast<float>(ct::load_masked(partial_out + n0 * po_sn + (po_row + s3 * (int)po_sn + d3),
+                                                        r_ok3 & ((s3 + n0) < num_splits), TIn(0)));
+    auto m_new = ct::max(m, ct::reshape(ct::reduce_max(lse, ct::integral_constant<1>{}), ct::shape<BLOCK_R, 1>{}));
     // While every split so far is empty, m_new is -inf: shift by 0 instead (no inf - inf).
-    auto shift = ct::select(m_new == -INFINITY, ct::zeros<f32_11>(), m_new);
+    auto shift = ct::select(m_new == -INFINITY, ct::zeros<f32_R1>(), m_new);
     auto alpha = ct::exp2((m - shift) * tilegym::kLog2e);
     auto w = ct::exp2((lse - shift) * tilegym::kLog2e);
-    total = total * alpha + ct::sum(w, ct::integral_constant<0>{});
-    acc = acc * alpha + ct::sum(w * part, ct::integral_constant<0>{});
+    total = total * alpha + ct::reshape(ct::sum(w, ct::integral_constant<1>{}), ct::shape<BLOCK_R, 1>{});
+    auto weighted = ct::reshape(w, ct::shape<BLOCK_R, BLOCK_S, 1>{}) * part;
+    acc = acc * alpha + ct::reshape(ct::sum(weighted, ct::integral_constant<1>{}), ct::shape<BLOCK_R, BLOCK_D>{});
     m = m_new;
   }
   auto nonempty = total > 0.0f;
-  auto merged = ct::select(nonempty, acc / ct::select(nonempty, total, ct::full<f32_11>(1.0f)),
-                           ct::zeros<f32_1D>());
-  TOut* out_base = out + ((long long)b * heads + h) * head_dim;
-  ct::store(out_base + d_row, ct::element_cast<TOut>(merged));
+  auto merged = ct::select(nonempty, acc / ct::select(nonempty, total, ct::full<f32_R1>(1.0f)), ct::zeros<f32_RD>());
+  auto r_col = ct::reshape(r, ct::shape<BLOCK_R, 1>{});
+  auto d_row = ct::reshape(ct::iota<i32_D>() + d0, ct::shape<1, BLOCK_D>{});
+  ct::store_masked(out + (r_col * head_dim + d_row), ct::element_cast<TOut>(merged), r_ok2);
   if (write_lse && d0 == 0) {
-    auto lse = ct::select(nonempty, m + ct::log2(total) * tilegym::kLn2, ct::full<f32_11>(-INFINITY));
-    ct::store(out_lse + ((long long)b * heads + h) + ct::zeros<i32_11>(), lse);
+    auto lse = ct::select(nonempty, m + ct::log2(total) * tilegym::kLn2, ct::full<f32_R1>(-INFINITY));
+    ct::store_masked(out_lse + r_col, lse, r_ok2);
   }
 }

@@ -1,0 +1,353 @@
+"""H200 check + benchmark of the tilecpp backend, in one device call.
+
+The GPU machine has no Tile-capable nvcc: build the cubins here first and carry the cache:
+    TILEGYM_CACHE_DIR=.cache/tilecpp python -m tilegym precompile --arch sm_90
+    TILEGYM_CACHE_DIR=.cache/tilecpp python benchmarks/dev_tilecpp.py --precompile-extras sm_90
+then on the GPU machine, from the repo root:
+    TILEGYM_CACHE_DIR=.cache/tilecpp PYTHONPATH=. python3 benchmarks/dev_tilecpp.py
+
+1. Correctness vs the float64 oracle (bf16, fp16; kv_lens with zeros / ragged / out of range;
+   user split lengths; strided views of one [B,S,576] buffer and separate tensors; H not a
+   multiple of the head block; out=; lse), output poisoned with NaN first; both head blocks.
+   splitk_reduce alone (empty splits, dtype mixes). Determinism. CUDA-graph capture/replay.
+2. Ceiling measured in the same run (device-to-device copy), then graph-replayed timings of
+   the benchmark shapes for a few launch configs, table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+
+import torch
+
+from tilegym.ops import mla_decoding_split_kv, splitk_reduce
+from tilegym.ops.contract import validate_mla_decoding
+from tilegym.ops.tilecpp.loader import cache_dir, toolchain_problem
+from tilegym.ops.tilecpp.mla_decoding_split_kv import (
+    DTYPES,
+    MANY_HEADS,
+    SMALL_HEADS,
+    TileConfig,
+    launch_split_kv,
+    split_kv_kernel,
+    split_plan,
+)
+from tilegym.ops.tilecpp.mla_decoding_split_kv import mla_decoding_split_kv as tilecpp_mla
+from tilegym.testing import mla_decode_float64, relative_error
+
+D, P = 512, 64
+DEV = "cuda"
+TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3}  # rel. L2 vs float64
+# Tile configs beyond the library's defaults, built by --precompile-extras.
+EXTRA_CONFIGS = [TileConfig(16, 64, 2), TileConfig(32, 64, 1)]
+ALL_CONFIGS = [SMALL_HEADS, MANY_HEADS, *EXTRA_CONFIGS]
+BENCH_SHAPES = [(64, 4096, 16), (128, 8192, 16), (64, 4096, 128), (4, 1024, 16), (1, 32768, 16)]
+FAILURES: list[str] = []
+
+
+def inputs(b: int, h: int, s: int, dtype: torch.dtype, seed: int, *, separate: bool = False) -> dict:
+    """Fresh random inputs on the GPU; kv/kpe are views of one [B,S,576] cache unless separate."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(b, h, D, generator=g, device=DEV).to(dtype)
+    qpe = torch.randn(b, h, P, generator=g, device=DEV).to(dtype)
+    cache = torch.randn(b, s, D + P, generator=g, device=DEV).to(dtype)
+    kv, kpe = cache[..., :D], cache[..., D:]
+    if separate:
+        kv, kpe = kv.contiguous(), kpe.contiguous()
+    return {"q": q, "qpe": qpe, "kv": kv, "kpe": kpe}
+
+
+def record(ok: bool, label: str, detail: str) -> None:
+    print(f"  {'ok  ' if ok else 'FAIL'} {label:58s} {detail}", flush=True)
+    if not ok:
+        FAILURES.append(f"{label}: {detail}")
+
+
+def check_mla(
+    b: int,
+    h: int,
+    s: int,
+    dtype: torch.dtype,
+    *,
+    lens: list[int] | None = None,
+    split: int | None = None,
+    separate: bool = False,
+    config: TileConfig | None = None,
+    seed: int = 0,
+) -> None:
+    x = inputs(b, h, s, dtype, seed, separate=separate)
+    kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
+    out = torch.full((b, h, D), float("nan"), dtype=dtype, device=DEV)
+    call = validate_mla_decoding(**x, kv_len_per_split=split, kv_lens=kv_lens, return_lse=True, out=out)
+    lse = tilecpp_mla(call, config=config)
+    torch.cuda.synchronize()
+    ref, ref_lse = mla_decode_float64(**x, kv_lens=kv_lens)
+    err = relative_error(out, ref)
+    finite = torch.isfinite(ref_lse)
+    lse_cpu = lse.cpu().double()
+    lse_err = (lse_cpu[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    lse_inf_ok = bool(torch.equal(torch.isneginf(lse_cpu), ~finite))
+    ok = bool(torch.isfinite(out).all()) and err < TOL[dtype] and lse_err < 1e-2 and lse_inf_ok
+    cfg = "default" if config is None else f"{config.block_h}/{config.block_n}/{config.occupancy}"
+    label = f"mla B={b} H={h} S={s} {str(dtype)[6:]} cfg={cfg} split={split} lens={lens is not None} sep={separate}"
+    record(ok, label, f"rel.err {err:.2e}  lse max abs err {lse_err:.1e}  -inf rows ok {lse_inf_ok}")
+
+
+def check_splitk(b: int, h: int, n: int, d: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    g = torch.Generator(device=DEV).manual_seed(n)
+    partial = torch.randn(b, h, n, d, generator=g, device=DEV).to(in_dtype)
+    lse = torch.randn(b, h, n, generator=g, device=DEV) * 3
+    lse[0, 0, :] = float("-inf")  # an all-empty row -> zeros
+    lse[-1, -1, ::2] = float("-inf")  # some empty splits
+    out = torch.full((b, h, d), float("nan"), dtype=out_dtype, device=DEV)
+    splitk_reduce(partial, lse, out=out, backend="tilecpp")
+    torch.cuda.synchronize()
+    ref = merged_float64(partial, lse)
+    err = relative_error(out, ref)
+    tol = 1e-5 if out_dtype == torch.float32 else TOL[out_dtype] / 2
+    ok = bool(torch.isfinite(out).all()) and err < tol and bool((out[0, 0] == 0).all())
+    record(ok, f"splitk_reduce B={b} H={h} N={n} D={d} {in_dtype}->{out_dtype}", f"rel.err {err:.2e}")
+
+
+def merged_float64(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Float64 merge of [B,H,N,D] partials by their lse [B,H,N] (an all -inf row gives zeros)."""
+    partial, lse = partial.double().cpu(), lse.double().cpu()
+    top = lse.amax(dim=-1, keepdim=True)
+    weights = torch.exp(lse - top.masked_fill(top == float("-inf"), 0.0))
+    total = weights.sum(dim=-1, keepdim=True)
+    return torch.einsum("bhn,bhnd->bhd", weights / total.clamp_min(1e-300), partial)
+
+
+def correctness() -> None:
+    print("== correctness vs float64 oracle", flush=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        for config in ALL_CONFIGS:
+            opts = {"config": config}
+            check_mla(1, 16, 1, dtype, **opts)
+            check_mla(2, 16, 100, dtype, seed=1, **opts)
+            check_mla(3, 16, 1000, dtype, seed=2, **opts)
+            check_mla(4, 20, 333, dtype, seed=3, **opts)  # H not a multiple of the head block
+            check_mla(2, 128, 2048, dtype, seed=4, **opts)
+            check_mla(4, 16, 700, dtype, lens=[0, 1, 699, 350], seed=5, **opts)
+            check_mla(3, 16, 500, dtype, lens=[-7, 10_000, 65], seed=6, **opts)  # clamped
+            check_mla(2, 16, 1000, dtype, split=100, seed=7, **opts)  # not a multiple of 64
+            check_mla(3, 16, 1000, dtype, split=5000, lens=[0, 999, 17], seed=8, **opts)  # one split: direct
+            check_mla(2, 16, 777, dtype, split=1, lens=[3, 777], seed=9, **opts)  # 777 splits
+            check_mla(2, 16, 300, dtype, separate=True, seed=10, **opts)
+        check_mla(1, 16, 32768, dtype, seed=11)
+        check_mla(2, 64, 4096, dtype, seed=12)
+        check_mla(160, 16, 256, dtype, seed=13)  # >= 132 programs: one split, direct output
+    for i, o in [(torch.float32, torch.bfloat16), (torch.float32, torch.float16), (torch.float32, torch.float32)]:
+        for n in (1, 5, 8, 9, 37):  # both combine tiles
+            check_splitk(3, 5, n, 512, i, o)
+    check_splitk(2, 3, 1, 128, torch.bfloat16, torch.bfloat16)
+    check_splitk(2, 3, 300, 64, torch.float16, torch.float16)
+    check_splitk(70, 16, 6, 512, torch.float32, torch.bfloat16)  # rows not a multiple of the row tile
+
+
+def check_public_api_and_graph() -> None:
+    print("== public op, determinism, CUDA graph", flush=True)
+    x = inputs(8, 16, 2048, torch.bfloat16, 20)
+    lens = torch.tensor([2048, 0, 5, 1000, 2047, 64, 65, 3000], dtype=torch.int32, device=DEV)
+    a = mla_decoding_split_kv(**x, kv_lens=lens, backend="tilecpp")
+    b = mla_decoding_split_kv(**x, kv_lens=lens, backend="tilecpp")
+    ref, _ = mla_decode_float64(**x, kv_lens=lens)
+    record(bool(torch.equal(a, b)), "deterministic (same bits twice)", "")
+    record(relative_error(a, ref) < TOL[torch.bfloat16], "public op with kv_lens", f"{relative_error(a, ref):.2e}")
+    out = torch.empty_like(a)
+    mla_decoding_split_kv(**x, kv_lens=lens, out=out, backend="tilecpp")  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decoding_split_kv(**x, kv_lens=lens, out=out, backend="tilecpp")
+    fresh = inputs(8, 16, 2048, torch.bfloat16, 21)
+    for k in ("q", "qpe"):
+        x[k].copy_(fresh[k])
+    x["kv"].copy_(fresh["kv"])
+    x["kpe"].copy_(fresh["kpe"])
+    lens.copy_(torch.tensor([17, 2048, 0, 1, 999, 4000, -3, 512], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = mla_decode_float64(**x, kv_lens=lens)
+    err = relative_error(out, ref)
+    record(err < TOL[torch.bfloat16], "CUDA graph replay on new inputs and kv_lens", f"rel.err {err:.2e}")
+
+
+def copy_bandwidth() -> tuple[float, float]:
+    """(SM copy kernel, graph memcpy node) device-to-device GB/s, counting bytes read + written."""
+    src = torch.randn(256 * 2**20, device=DEV)  # 1 GiB
+    dst = torch.empty_like(src)
+    kernel_us = time_graph(lambda: torch.mul(src, 1.0, out=dst), reps=20)
+    memcpy_us = time_graph(lambda: dst.copy_(src), reps=20)
+    nbytes = 2 * src.numel() * 4
+    return nbytes / kernel_us / 1e3, nbytes / memcpy_us / 1e3
+
+
+def time_graph(fn, reps: int = 30, calls_per_graph: int = 1) -> float:
+    """Median us per call: a CUDA graph of ``calls_per_graph`` calls, replayed ``reps`` times."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1e3 / calls_per_graph)
+    return statistics.median(samples)
+
+
+def bench_shape(b: int, s: int, h: int, config: TileConfig, split: int | None, copy_gbs: float) -> dict:
+    dtype = torch.bfloat16
+    set_bytes = b * s * (D + P) * 2
+    sets = max(1, min(8, math.ceil(200e6 / set_bytes)))  # rotate input sets when they fit in L2
+    calls = [validate_mla_decoding(**inputs(b, h, s, dtype, 100 + i)) for i in range(sets)]
+    opts = {"config": config, "kv_len_per_split": split}
+    for call in calls:
+        tilecpp_mla(call, **opts)
+    # Spot-check the benchmarked config on its first rows against the oracle.
+    rows = min(b, 2)
+    c = calls[0]
+    ref, _ = mla_decode_float64(c.q[:rows], c.qpe[:rows], c.kv[:rows], c.kpe[:rows])
+    err = relative_error(c.out[:rows], ref)
+    if err >= TOL[dtype]:
+        FAILURES.append(f"bench shape {(b, s, h)} {opts}: rel.err {err:.2e}")
+    plan = split_plan(calls[0], config, split)
+    kernel = split_kv_kernel(dtype, config)
+    partials = [
+        (torch.empty(b, h, plan.num_splits, D, device=DEV), torch.empty(b, h, plan.num_splits, device=DEV))
+        for _ in range(sets)
+    ]
+    state = {"i": 0}
+
+    def both_stages() -> None:
+        tilecpp_mla(calls[state["i"] % sets], **opts)
+        state["i"] += 1
+
+    def split_stage() -> None:
+        i = state["i"] % sets
+        launch_split_kv(calls[i], kernel, config, plan, partials[i] if plan.num_splits > 1 else None, None)
+        state["i"] += 1
+
+    per_graph = sets * max(1, 4 // sets)
+    us = time_graph(both_stages, calls_per_graph=per_graph)
+    split_us = time_graph(split_stage, calls_per_graph=per_graph)
+    again_us = time_graph(both_stages, calls_per_graph=per_graph)  # spread of the same measurement
+    nbytes = b * s * (D + P) * 2 + b * h * (D + P) * 2 + b * h * D * 2
+    flops = 2 * b * h * s * (D + P + D)
+    cfg = f"{config.block_h}/{config.block_n}/{config.occupancy} {plan.num_splits}x{plan.kv_len_per_split}"
+    return {
+        "shape": (b, s, h),
+        "cfg": cfg,
+        "us": us,
+        "again_us": again_us,
+        "split_us": split_us,
+        "gbs": nbytes / us / 1e3,
+        "pct": 100 * nbytes / us / 1e3 / copy_gbs,
+        "tflops": flops / us / 1e6,
+        "err": err,
+    }
+
+
+def eager_call_us(b: int, s: int, h: int, calls: int = 200) -> float:
+    """Wall time per eager public-op call (validation, selection, launches), synchronised at the end."""
+    x = inputs(b, h, s, torch.bfloat16, 7)
+    out = torch.empty(b, h, D, dtype=torch.bfloat16, device=DEV)
+    for _ in range(10):
+        mla_decoding_split_kv(**x, out=out, backend="tilecpp")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        mla_decoding_split_kv(**x, out=out, backend="tilecpp")
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def bench_configs(b: int, s: int, h: int) -> list[tuple[TileConfig, int | None]]:
+    """(tile config, explicit split length or None for the default plan) to time for a shape."""
+    occ2 = EXTRA_CONFIGS[0]
+    if h > 16:
+        return [(MANY_HEADS, None), (EXTRA_CONFIGS[1], None), (SMALL_HEADS, None), (occ2, None)]
+    configs = [(SMALL_HEADS, None), (occ2, None)]
+    shape = SimpleNamespace(batch=b, heads=h, seq_len=s, device=torch.device(DEV), kv_len_per_split=None)
+    default_len = split_plan(shape, SMALL_HEADS).kv_len_per_split
+    if 4 * default_len < s:  # fewer, longer splits: a cheaper combine against a less full GPU
+        configs.append((SMALL_HEADS, 4 * default_len))
+    return configs
+
+
+def benchmark() -> list[dict]:
+    print("== benchmark (bf16, graph replay, combine included)", flush=True)
+    copy_gbs, memcpy_gbs = copy_bandwidth()
+    print(f"device-to-device copy: kernel {copy_gbs:.0f} GB/s, memcpy {memcpy_gbs:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for b, s, h in BENCH_SHAPES:
+        for config, split in bench_configs(b, s, h):
+            try:
+                row = bench_shape(b, s, h, config, split, copy_gbs)
+            except Exception as exc:  # keep the other shapes' numbers
+                traceback.print_exc()
+                FAILURES.append(f"bench {(b, s, h)} {config} split={split}: {type(exc).__name__}: {exc}")
+                continue
+            rows.append(row)
+            print(f"  {row}", flush=True)
+    eager_us = eager_call_us(4, 1024, 16)
+    print(f"\neager public-op call (4, 1024, 16), host-bound: {eager_us:.1f} us per call")
+    print(f"copy kernel {copy_gbs:.0f} GB/s (memcpy node {memcpy_gbs:.0f}); bytes = B*S*1152 + B*H*2176;")
+    print("FLOPs = 2*B*H*S*1088; us = both stages (again = 2nd measurement), split = stage 1 alone")
+    print("config = heads/tokens per step/occupancy  splits x tokens per split")
+    head = ("(B, S, H)", "config", "us", "again", "split", "GB/s", "%copy", "TF/s")
+    print(f"{head[0]:16s} {head[1]:22s} " + " ".join(f"{x:>7s}" for x in head[2:]))
+    for r in rows:
+        print(
+            f"{str(r['shape']):16s} {r['cfg']:22s} {r['us']:7.1f} {r['again_us']:7.1f} {r['split_us']:7.1f} "
+            f"{r['gbs']:7.0f} {r['pct']:7.1f} {r['tflops']:7.1f}"
+        )
+    return rows
+
+
+def precompile_extras(arch: str) -> None:
+    """Build the benchmark-only tile variants into the cache (CPU machine, with nvcc)."""
+    for dtype in DTYPES:
+        for config in EXTRA_CONFIGS:
+            print(split_kv_kernel(dtype, config).compile(arch))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--precompile-extras", metavar="ARCH", help="build benchmark-only variants, then exit")
+    args = parser.parse_args()
+    if args.precompile_extras:
+        precompile_extras(args.precompile_extras)
+        return 0
+    props = torch.cuda.get_device_properties(0)
+    print(f"{props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; cache {cache_dir()}")
+    print(f"toolchain: {toolchain_problem() or 'Tile-capable nvcc found'}", flush=True)
+    for stage in (correctness, check_public_api_and_graph):
+        try:
+            stage()
+        except Exception as exc:
+            traceback.print_exc()
+            FAILURES.append(f"{stage.__name__}: {type(exc).__name__}: {exc}")
+    if not args.skip_bench:
+        benchmark()
+    print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
