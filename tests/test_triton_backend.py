@@ -194,15 +194,18 @@ def test_unsupported_dims_say_why(head_dim, rope_dim, message):
 
 
 def test_cpu_needs_the_interpreter(monkeypatch):
+    from tilegym.backend import backend_status
     from tilegym.ops.contract import validate_mla_decoding
-    from tilegym.ops.triton import mla_supports
 
     inputs = make_mla_inputs(1, 16, 8, 64, 16, dtype=torch.float16)
     call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
+    triton_impl = implementations("mla_decoding_split_kv")["triton"]
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert any("TRITON_INTERPRET=1" in r for r in mla_supports(call))
+    assert any("TRITON_INTERPRET=1" in r for r in triton_impl.reasons(call))
+    assert any("TRITON_INTERPRET=1" in r for r in backend_status("splitk_reduce", "cpu")["triton"])
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert mla_supports(call) == []
+    assert triton_impl.reasons(call) == []
+    assert backend_status("splitk_reduce", "cpu")["triton"] == []
 
 
 @pytest.mark.gpu

@@ -53,6 +53,7 @@ class BackendUnavailableError(NotImplementedError):
 
 
 SupportsFn = Callable[[Any], list[str]]
+VendorReasonsFn = Callable[[str], list[str]]
 ProbeFn = Callable[[], list[str]]
 
 
@@ -65,15 +66,20 @@ class Implementation:
     run: Callable[..., Any]
     vendors: tuple[str, ...]
     supports: SupportsFn
+    vendor_reasons: VendorReasonsFn
 
-    def reasons(self, call: Any) -> list[str]:
-        """Why this implementation cannot run ``call`` (empty list: it can)."""
+    def reasons_for_vendor(self, vendor: str) -> list[str]:
+        """Why this implementation cannot run on ``vendor`` devices here, whatever the inputs."""
         reasons = backend_unavailable_reasons(self.backend)
         if reasons:
             return reasons
-        if call.vendor not in self.vendors:
-            return [f"runs on {'/'.join(self.vendors)} devices, not on {call.vendor} ({call.device})"]
-        return list(self.supports(call))
+        if vendor not in self.vendors:
+            return [f"runs on {'/'.join(self.vendors)} devices, not on {vendor}"]
+        return list(self.vendor_reasons(vendor))
+
+    def reasons(self, call: Any) -> list[str]:
+        """Why this implementation cannot run ``call`` (empty list: it can)."""
+        return self.reasons_for_vendor(call.vendor) or list(self.supports(call))
 
 
 _registry: dict[tuple[str, str], Implementation] = {}
@@ -84,7 +90,7 @@ _context_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("t
 _global_backend: str | None = None
 
 
-def _no_reasons(call: Any) -> list[str]:
+def _no_reasons(_: Any) -> list[str]:
     return []
 
 
@@ -94,11 +100,15 @@ def register_impl(
     *,
     vendors: Sequence[str],
     supports: SupportsFn | None = None,
+    vendor_reasons: VendorReasonsFn | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``fn`` as ``backend``'s implementation of ``op``.
 
     ``vendors``: device vendors it runs on ("nvidia", "amd", "cpu"). ``supports(call)``
-    returns the reasons it cannot run a validated call. Registering twice is an error.
+    returns the reasons it cannot run a validated call; ``vendor_reasons(vendor)`` the
+    reasons it cannot run on a vendor's devices in this environment (e.g. Triton on a CPU
+    without its interpreter), which ``backend_status`` reports without any inputs.
+    Registering twice is an error.
     """
     _check_name(backend, allow_auto=False, source="backend")
     bad = [v for v in vendors if v not in VENDOR_PRIORITY]
@@ -109,7 +119,9 @@ def register_impl(
         with _registry_lock:
             if (op, backend) in _registry:
                 raise ValueError(f"an implementation of op {op!r} for backend {backend!r} is already registered")
-            _registry[(op, backend)] = Implementation(op, backend, fn, tuple(vendors), supports or _no_reasons)
+            _registry[(op, backend)] = Implementation(
+                op, backend, fn, tuple(vendors), supports or _no_reasons, vendor_reasons or _no_reasons
+            )
         return fn
 
     return decorator
@@ -249,12 +261,5 @@ def backend_status(op: str, vendor: str) -> dict[str, list[str]]:
     status: dict[str, list[str]] = {}
     for name in BACKENDS:
         impl = impls.get(name)
-        if impl is None:
-            status[name] = ["no implementation of this op"]
-        elif backend_unavailable_reasons(name):
-            status[name] = backend_unavailable_reasons(name)
-        elif vendor not in impl.vendors:
-            status[name] = [f"runs on {'/'.join(impl.vendors)} devices, not on {vendor}"]
-        else:
-            status[name] = []
+        status[name] = ["no implementation of this op"] if impl is None else impl.reasons_for_vendor(vendor)
     return status

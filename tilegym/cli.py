@@ -14,7 +14,7 @@ from tilegym.timing import time_call_us
 # Representative DeepSeek-V3 decode step with tensor parallelism 8: 16 heads per GPU.
 GPU_DEMO_SHAPE = {"batch": 32, "heads": 16, "seq_len": 4096}
 CPU_DEMO_SHAPE = {"batch": 2, "heads": 16, "seq_len": 256}
-DEMO_TOLERANCE = 2e-2  # relative L2 error of bf16 inputs/outputs vs float64
+DEMO_TOLERANCE = 1e-2  # relative L2 error vs float64: bf16 kernels land near 2e-3, a bug near 1
 
 
 def default_device() -> torch.device:
@@ -42,22 +42,24 @@ def info() -> int:
 
 
 def demo_backends(vendor: str) -> list[str]:
-    """Backends to demo here: available on this vendor; triton on CPU only under the interpreter."""
+    """Backends that can run mla_decoding_split_kv on this vendor's devices here."""
     status = backend_status("mla_decoding_split_kv", vendor)
-    names = [b for b in BACKENDS if not status[b]]
-    if vendor == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        names = [b for b in names if b != "triton"]
-    return names
+    return [b for b in BACKENDS if not status[b]]
 
 
 def demo() -> int:
     """Run mla_decoding_split_kv on every available backend; print error vs float64 and time."""
     device = default_device()
     vendor = device_vendor(device)
+    if device.type == "cpu" and "TRITON_INTERPRET" not in os.environ:
+        # No GPU: run the Triton kernels in Triton's interpreter (read at their first use).
+        os.environ["TRITON_INTERPRET"] = "1"
     shape = GPU_DEMO_SHAPE if device.type == "cuda" else CPU_DEMO_SHAPE
-    inputs = make_mla_inputs(**shape, device=device, dtype=torch.bfloat16)
+    # Triton's CPU interpreter computes bf16 dots wrongly (integer math on the bits): fp16 there.
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    inputs = make_mla_inputs(**shape, device=device, dtype=dtype)
     expected, _ = mla_decode_float64(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
-    print(f"mla_decoding_split_kv on {describe_device(device)}: bf16, D=512, P=64, {shape}")
+    print(f"mla_decoding_split_kv on {describe_device(device)}: {dtype}, D=512, P=64, {shape}")
     print(f"{'backend':10s} {'rel. L2 error':>14s} {'max abs error':>14s} {'us/call':>10s}  status")
     failures = 0
     for backend in demo_backends(vendor):

@@ -29,13 +29,15 @@ def plan_splits(
 
     ``programs_per_split``: programs a kernel launches per split (batch x head groups).
     A user-given ``kv_len_per_split`` is honoured as is. Otherwise aim for
-    ``programs_per_sm`` programs per SM, with splits of at least ``min_blocks_per_split``
-    KV blocks of ``block_n`` tokens and a length that is a multiple of ``block_n``.
+    ``programs_per_sm`` programs per SM (never more: rounded down to whole waves), with
+    splits of at least ``min_blocks_per_split`` KV blocks of ``block_n`` tokens and a
+    length that is a multiple of ``block_n``.
     """
     if kv_len_per_split is not None:
         return SplitPlan(kv_len_per_split, max(1, cdiv(seq_len, kv_len_per_split)))
+    # Round down to whole waves: a partial last wave costs as much as a full one.
     target = num_sms * programs_per_sm
-    wanted = cdiv(target, max(1, programs_per_split))
+    wanted = target // max(1, programs_per_split)
     most = max(1, cdiv(seq_len, block_n * min_blocks_per_split))
     splits = max(1, min(wanted, most))
     length = round_up(cdiv(seq_len, splits), block_n)

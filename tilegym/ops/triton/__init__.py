@@ -30,9 +30,9 @@ def _probe() -> list[str]:
     return []
 
 
-def _interpreter_reasons(device: torch.device) -> list[str]:
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return ["CPU tensors run only in Triton's interpreter; set TRITON_INTERPRET=1 before importing tilegym"]
+def _interpreter_reasons(vendor: str) -> list[str]:
+    if vendor == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ["CPU tensors run only in Triton's interpreter; set TRITON_INTERPRET=1 before the first Triton call"]
     return []
 
 
@@ -53,7 +53,7 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
 
 def mla_supports(call: MLADecodeCall) -> list[str]:
     """Reasons the Triton kernel cannot run this call (empty: it can)."""
-    reasons = _interpreter_reasons(call.device)
+    reasons = []
     if not _is_power_of_two_in(call.head_dim, HEAD_DIM_RANGE):
         reasons.append(
             f"head dim D={call.head_dim} is not supported: it must be a power of two in "
@@ -76,19 +76,16 @@ def mla_supports(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
-def reduce_supports(call: SplitKReduceCall) -> list[str]:
-    """Reasons the Triton combine cannot run this call (empty: it can)."""
-    return _interpreter_reasons(call.device)
-
-
-@register_impl("mla_decoding_split_kv", "triton", vendors=VENDORS, supports=mla_supports)
+@register_impl(
+    "mla_decoding_split_kv", "triton", vendors=VENDORS, supports=mla_supports, vendor_reasons=_interpreter_reasons
+)
 def mla_decoding_split_kv(call: MLADecodeCall) -> torch.Tensor | None:
     from tilegym.ops.triton.mla_decoding_split_kv import mla_decode_into
 
     return mla_decode_into(call)
 
 
-@register_impl("splitk_reduce", "triton", vendors=VENDORS, supports=reduce_supports)
+@register_impl("splitk_reduce", "triton", vendors=VENDORS, vendor_reasons=_interpreter_reasons)
 def splitk_reduce(call: SplitKReduceCall) -> None:
     from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
 

@@ -68,7 +68,7 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
     if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
-        return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
+        return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2)
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
     if call.is_fp8:
@@ -77,9 +77,8 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
     if call.batch <= FEW_ROWS:  # one long request: long steps, one program per SM
         return KernelConfig(block_h, block_n=128, num_warps=8, num_stages=2, programs_per_sm=1)
-    # programs_per_sm=4 is the best of {1, 2, 4} with plan_splits rounding the split count
-    # up; whole waves (4 splits for B=64) measured faster still (NOTES_triton.md).
-    return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2, programs_per_sm=4)
+    # Whole waves of 2 programs per SM (4 splits for B=64) measured fastest (NOTES_triton.md).
+    return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2)
 
 
 @triton.jit
