@@ -1,7 +1,8 @@
 """Public ops: validate the arguments once, pick a backend, run it.
 
 Backends receive a validated call object (``tilegym.ops.contract``) whose ``out`` is
-already allocated; they write ``out`` and return the lse tensor (or ``None``).
+already allocated; they write ``out`` and return the lse tensor (or ``None``). Under
+``torch.compile`` the calls go through the custom ops of ``tilegym.ops.torch_library``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from tilegym.backend import select
+from tilegym.ops import torch_library
 from tilegym.ops.contract import validate_mla_decoding, validate_splitk_reduce
 
 __all__ = ["mla_decoding_split_kv", "splitk_reduce"]
@@ -39,6 +41,15 @@ def mla_decoding_split_kv(
     chosen by the backend when None. fp8 kv/kpe need ``kv_scale`` (cache value =
     kv * kv_scale). ``backend`` overrides the selection rules of ``tilegym.backend``.
     """
+    if torch.compiler.is_compiling():
+        if out is None:
+            out = q.new_empty(q.shape)
+        if kv_scale is not None and not isinstance(kv_scale, torch.Tensor):
+            kv_scale = torch.full((1,), float(kv_scale), dtype=torch.float32, device=q.device)
+        lse = torch_library.mla_decoding_split_kv_op(
+            q, qpe, kv, kpe, out, sm_scale, kv_len_per_split, kv_lens, kv_scale, return_lse, backend
+        )
+        return (out, lse) if return_lse else out
     call = validate_mla_decoding(
         q,
         qpe,
@@ -67,6 +78,11 @@ def splitk_reduce(
     ``partial_lse`` is float32, natural log; -inf marks an empty split. A row whose splits
     are all empty gives zeros. The output dtype is ``out``'s when given, else partial_out's.
     """
+    if torch.compiler.is_compiling():
+        if out is None:
+            out = partial_out.new_empty(partial_out.shape[:2] + partial_out.shape[3:])
+        torch_library.splitk_reduce_op(partial_out, partial_lse, out, backend)
+        return out
     call = validate_splitk_reduce(partial_out, partial_lse, out=out)
     select("splitk_reduce", call, backend).run(call)
     return call.out
