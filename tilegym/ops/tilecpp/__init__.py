@@ -1,7 +1,8 @@
 """Backend ``tilecpp``: CUDA Tile C++ kernels, registered for both ops.
 
 Nothing here imports torch's CUDA state, cuda-bindings or the toolchain at import time: the
-probe and the kernel modules are consulted only when an op or ``info`` asks.
+probe and the kernel modules are consulted only when an op or ``info`` asks. The registered
+functions are named ``run_*`` so they never shadow the kernel submodules of the same names.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _mla_supports(call: Any) -> list[str]:
 
 
 @register_impl("mla_decoding_split_kv", "tilecpp", vendors=NVIDIA, supports=_mla_supports)
-def mla_decoding_split_kv(call: Any) -> Any:
+def run_mla_decoding_split_kv(call: Any) -> Any:
     from tilegym.ops.tilecpp.mla_decoding_split_kv import mla_decoding_split_kv as run
 
     return run(call)
@@ -59,7 +60,7 @@ def _splitk_supports(call: Any) -> list[str]:
 
 
 @register_impl("splitk_reduce", "tilecpp", vendors=NVIDIA, supports=_splitk_supports)
-def splitk_reduce(call: Any) -> None:
+def run_splitk_reduce(call: Any) -> None:
     from tilegym.ops.tilecpp.splitk_reduce import splitk_reduce as run
 
     run(call)

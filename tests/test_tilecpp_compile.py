@@ -1,0 +1,137 @@
+"""Compile-only CI tests of the Tile C++ backend (no GPU): every library kernel variant builds
+for sm_90 and sm_100 with the pip toolchain; the cubin cache is reused, keyed and safe for
+concurrent processes; nvcc errors are reported; the wheel ships the .cuh sources.
+
+Needs the ``tilecpp`` extra (nvcc >= 13.3 with Tile support); skipped without it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tilegym.ops.tilecpp import loader
+from tilegym.ops.tilecpp.precompile import library_kernels
+from tilegym.ops.tilecpp.precompile import main as precompile_main
+
+REPO = Path(__file__).resolve().parents[1]
+NVCC = loader.nvcc_or_none()
+pytestmark = pytest.mark.skipif(NVCC is None, reason=f"no Tile-capable nvcc: {loader.toolchain_problem()}")
+
+TINY_HEADER = """#pragma once
+#include <cuda_tile.h>
+#include "tiny_factor.cuh"
+
+template <int N>
+__tile_global__ void tiny_scale_kernel(float* __restrict__ x, float f) {
+  namespace ct = cuda::tiles;
+  auto idx = ct::iota<ct::tile<int, ct::shape<N>>>() + (int)ct::bid().x * N;
+  ct::store(x + idx, ct::load(x + idx) * (f * TINY_FACTOR));
+}
+"""
+
+
+@pytest.fixture
+def tiny_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "tiny.cuh").write_text(TINY_HEADER)
+    (tmp_path / "tiny_factor.cuh").write_text("#pragma once\n#define TINY_FACTOR 2.0f\n")
+    monkeypatch.setenv(loader.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    return tmp_path
+
+
+def tiny_kernel(folder: Path) -> loader.TileCppKernel:
+    return loader.TileCppKernel(folder / "tiny.cuh", "tiny_scale_kernel", (128,), ("float*", "float"))
+
+
+def test_every_library_variant_compiles_for_sm90_and_sm100(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(loader.CACHE_ENV_VAR, str(cache))  # precompile sets it; monkeypatch restores it
+    assert precompile_main(["--arch", "sm_90", "--arch", "sm_100", "--cache-dir", str(cache), "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    kernels = library_kernels()
+    assert f"{2 * len(kernels)}/{2 * len(kernels)} kernel variants ready" in printed
+    for arch in ("sm_90", "sm_100"):
+        for kernel in kernels:
+            cubin = kernel.cached_cubin(arch, NVCC)
+            assert cubin is not None and cubin.parent == cache / arch, (kernel, arch)
+            assert kernel.mangled_name(cubin.read_bytes()).startswith(b"_Z"), kernel
+
+
+def test_precompile_reports_a_missing_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv(loader.NVCC_ENV_VAR, str(tmp_path / "no-nvcc"))
+    monkeypatch.setenv(loader.CACHE_ENV_VAR, str(tmp_path / "c"))
+    loader.clear_toolchain_cache()
+    try:
+        assert precompile_main(["--arch", "sm_90", "--cache-dir", str(tmp_path / "c")]) == 1
+    finally:
+        loader.clear_toolchain_cache()
+    assert "pip install" in capsys.readouterr().out
+    assert not (tmp_path / "c").exists()
+
+
+def test_same_inputs_reuse_the_cubin_and_a_header_edit_rebuilds(tiny_dir: Path) -> None:
+    first = tiny_kernel(tiny_dir).compile("sm_90")
+    stamp = first.stat().st_mtime_ns
+    assert tiny_kernel(tiny_dir).resolve_cubin("sm_90") == first
+    assert first.stat().st_mtime_ns == stamp  # not rebuilt
+    (tiny_dir / "tiny_factor.cuh").write_text("#pragma once\n#define TINY_FACTOR 3.0f\n")
+    second = tiny_kernel(tiny_dir).resolve_cubin("sm_90")
+    assert second != first and second.is_file() and first.is_file()
+
+
+def test_two_processes_compiling_the_same_kernel_leave_one_valid_cubin(tiny_dir: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from tilegym.ops.tilecpp.loader import TileCppKernel
+        k = TileCppKernel(Path({str(tiny_dir)!r}) / "tiny.cuh", "tiny_scale_kernel", (128,), ("float*", "float"))
+        print(k.compile("sm_90"))
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    paths = {out.strip() for out, _ in results}
+    assert len(paths) == 1
+    folder = tiny_dir / "cache" / "sm_90"
+    assert [p.name for p in folder.glob("*.cubin")] == [Path(paths.pop()).name]
+    assert not list(folder.glob("*.tmp"))
+    cubin = next(folder.glob("*.cubin"))
+    assert tiny_kernel(tiny_dir).mangled_name(cubin.read_bytes()) == b"_Z17tiny_scale_kernelILi128EEvPff"
+
+
+def test_compile_error_shows_nvcc_message_and_source_path(tiny_dir: Path) -> None:
+    (tiny_dir / "tiny_factor.cuh").write_text("#pragma once\n#define TINY_FACTOR this_is_not_defined\n")
+    with pytest.raises(loader.TileCppCompileError) as err:
+        tiny_kernel(tiny_dir).compile("sm_90")
+    message = str(err.value)
+    assert "this_is_not_defined" in message and "error" in message
+    source = Path(message.split("generated source: ")[1].split("\n")[0])
+    assert source.is_file() and "tiny_scale_kernel<128>" in source.read_text()
+    assert not list((tiny_dir / "cache" / "sm_90").glob("*.cubin"))
+
+
+def test_wheel_contains_the_kernel_sources(tmp_path: Path) -> None:
+    # Build from a copy so the checkout gets no build/ or egg-info folders.
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "tilegym", src / "tilegym", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, src / name)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."]
+    subprocess.run(cmd, cwd=src, check=True, timeout=600)
+    wheel = next(tmp_path.glob("tilegym-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"tilegym/ops/tilecpp/{p.name}" for p in (REPO / "tilegym/ops/tilecpp").glob("*.cuh")}
+    assert len(expected) >= 3 and expected <= names
