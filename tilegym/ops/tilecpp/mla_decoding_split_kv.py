@@ -130,7 +130,8 @@ def supports(call: MLADecodeCall) -> list[str]:
         reasons.append(
             f"tilecpp launches (splits, H/{config.block_h}, B) programs: B and H/{config.block_h} must be <= 65535"
         )
-    num_splits = split_plan(call, config).num_splits
+    # Only a user split length can make many splits (the default plan fills about one wave).
+    num_splits = cdiv(call.seq_len, call.kv_len_per_split) if call.kv_len_per_split else 1
     if num_splits > 1 and call.batch * call.heads * num_splits * HEAD_DIM > MAX_INT32:
         reasons.append(f"tilecpp's {num_splits} partial outputs per head are too many for int32 offsets")
     if reasons:
