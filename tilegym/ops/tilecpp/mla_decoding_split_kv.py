@@ -79,26 +79,19 @@ def choose_config(heads: int) -> TileConfig:
     return SMALL_HEADS if heads <= SMALL_HEADS.block_h else MANY_HEADS
 
 
-def full_wave_slots(num_sms: int, programs_per_split: int) -> int:
-    """Program slots to plan for: the most whole split groups that fit in one wave (at least one).
-
-    A partly filled second wave costs as much as a full one, and one wave of longer splits
-    beat more, shorter splits in every case measured (fewer partials for the combine, too).
-    """
-    return max(programs_per_split, num_sms // programs_per_split * programs_per_split)
-
-
 def split_plan(call: MLADecodeCall, config: TileConfig, kv_len_per_split: int | None = None) -> SplitPlan:
-    """The split count for this call (a user ``kv_len_per_split`` is honoured as is)."""
-    programs_per_split = call.batch * cdiv(call.heads, config.block_h)
-    slots = multiprocessor_count(call.device) * config.programs_per_sm
+    """The split count for this call: one wave of programs (a user ``kv_len_per_split`` wins).
+
+    One wave of longer splits beat more, shorter splits in every case measured on the H200
+    (benchmarks/NOTES_tilecpp.md); splits may be a single ``block_n`` step long.
+    """
     return plan_splits(
         call.seq_len,
-        programs_per_split,
-        full_wave_slots(slots, programs_per_split),
+        call.batch * cdiv(call.heads, config.block_h),
+        multiprocessor_count(call.device),
         kv_len_per_split=kv_len_per_split or call.kv_len_per_split,
         block_n=config.block_n,
-        programs_per_sm=1,
+        programs_per_sm=config.programs_per_sm,
         min_blocks_per_split=1,
     )
 
