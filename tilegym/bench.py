@@ -34,15 +34,13 @@ from tilegym.backend import BACKENDS, device_vendor, implementations
 from tilegym.cli import demo_backends, describe_device
 from tilegym.ops import mla_decoding_split_kv
 from tilegym.ops.contract import validate_mla_decoding
-from tilegym.testing import MLAInputs, make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.testing import REL_L2_TOLERANCE, MLAInputs, make_mla_inputs, mla_decode_float64, relative_error
 from tilegym.timing import time_calls
 from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES, cdiv
 
 OP = "mla_decoding_split_kv"
 HEAD_DIM, ROPE_DIM = 512, 64  # DeepSeek-V2/V3 latent and rope widths
 
-# Largest relative L2 error vs float64 that passes, by the dtype of q (and of the output).
-TOLERANCES: dict[torch.dtype, float] = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 # Backends whose fp8-KV path also quantises the query to fp8 (aiter's a8w8 kernels; see
 # tilegym/ops/aiter): e4m3 rounding of q alone gives ~3e-2 (measured under the emulation).
 FP8_QUERY_BACKENDS = ("aiter",)
@@ -302,7 +300,7 @@ def error_tolerance(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> 
     """The relative L2 error vs float64 a correct ``backend`` stays under for these dtypes."""
     if kv_dtype in FP8_DTYPES and backend in FP8_QUERY_BACKENDS:
         return FP8_QUERY_TOLERANCE
-    return TOLERANCES[dtype]
+    return REL_L2_TOLERANCE[dtype]
 
 
 def new_row(backend: str, shape: Shape, cfg: BenchConfig, status: str = "", note: str = "") -> Row:
@@ -635,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "title": title,
             "environment": env,
             "ceilings": dataclasses.asdict(ceilings),
-            "tolerances": {DTYPE_SHORT_NAMES[d]: t for d, t in TOLERANCES.items()},
+            "tolerances": {DTYPE_SHORT_NAMES[d]: t for d, t in REL_L2_TOLERANCE.items()},
             "rows": [dataclasses.asdict(r) for r in rows],
         }
         return write_outputs(out_dir, stem, report, rows, title, plot=plot)

@@ -12,6 +12,10 @@ import torch
 
 from tilegym.utils import FP8_DTYPES
 
+# Largest relative L2 error vs float64 that a correct kernel stays under, by output dtype:
+# float32 math leaves the 16-bit output rounding (bf16 ~2e-3, fp16 ~3e-4); a bug gives O(1).
+REL_L2_TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
 
 @dataclass
 class MLAInputs:
