@@ -9,6 +9,7 @@
 
 Run on the GPU machine from the repo root:
     PYTHONPATH=. python3 benchmarks/dev_triton.py [--quick] [--budget-s 250]
+    PYTHONPATH=. python3 benchmarks/dev_triton.py --round2   # old vs new variants only
 """
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ def stage_times(case: Case) -> tuple[float, float, int]:
                 c, case.config, n, L, po, po.stride()[:3], pl, pl.stride()
             )
         )
-        combine.append(lambda c=call, po=po, pl=pl: splitk_reduce_into(po, pl, c.out))
+        combine.append(lambda c=call, po=po, pl=pl: splitk_reduce_into(po, pl, c.out, None, case.config.reduce_tiles))
     return graph_us(stage1), graph_us(combine), plan.num_splits
 
 
@@ -374,10 +375,13 @@ def main() -> int:
     parser.add_argument("--no-precompile", action="store_true")
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="CPU dry run of the script's logic (interpreter)")
+    parser.add_argument("--round2", action="store_true", help="old vs new variants of performance round 2")
     args = parser.parse_args()
     t_start = time.time()
     if args.smoke:
         return smoke()
+    if args.round2:
+        return round2(args, t_start)
     import triton
 
     print(f"torch {torch.__version__} triton {triton.__version__} gpu {torch.cuda.get_device_name()}")
@@ -492,6 +496,126 @@ def main() -> int:
             cfg += f" split={r[1].split}" if r[1].split else ""
             cfg += "" if c.fp8_v_fp16 or r[1].kv_dtype is None else " V-in-q-dtype"
             print(f"{name:16s} {r[2]:8.1f} {100 * r[3]:7.1f}% {r[4]:8.1f}  {tag}: {cfg}")
+    print(f"\ncorrectness failures: {failures}; total {time.time() - t_start:.0f}s")
+    return 1 if failures else 0
+
+
+# ---------------------------------------------------------------- round 2: old vs new
+def round2_cases() -> tuple[list[Case], list[tuple[str, str, Case]]]:
+    """(extra correctness cases of the new variants, (shape, variant name, case) to time)."""
+    from tilegym.ops.triton.splitk_reduce import ROUND1_TILES, WIDE_TILES, ReduceTiles
+
+    k = KernelConfig
+    mid = ReduceTiles(tile_elements=8192, min_block_d=32, programs_per_sm=2)
+    one = dict(fp8_one_tile=True)
+    checks = [
+        Case(2, 16, 1000, kv_dtype=FP8, kv_lens=(1000, 3), config=k(16, 64, 8, 2, **one)),
+        Case(64, 16, 4096, kv_dtype=FP8, config=k(16, 64, 8, 2, **one)),
+        Case(64, 16, 4096, kv_dtype=FP8, config=k(16, 32, 4, 3, **one)),
+        Case(3, 16, 777, kv_dtype=FP8, kv_lens=(-1, 777, 400), config=k(16, 128, 8, 2, **one)),
+        Case(2, 128, 300, torch.float16, FP8, split=64, config=k(64, 64, 8, 2, **one)),
+        Case(1, 16, 32768, config=k(16, 128, 8, 2, programs_per_sm=1, reduce_tiles=WIDE_TILES)),
+        Case(1, 16, 32768, config=k(16, 128, 8, 2, programs_per_sm=1, reduce_tiles=mid)),
+        Case(64, 16, 4096, config=k(16, 64, 4, 2, reduce_tiles=WIDE_TILES)),
+        Case(4, 16, 1024, config=k(16, 32, 4, 2, reduce_tiles=WIDE_TILES)),
+    ]
+    fp8 = Case(64, 16, 4096, kv_dtype=FP8, return_lse=False)
+    fp8_variants = [
+        ("old default n64 w8 s2 Vfp16", k(16, 64, 8, 2)),
+        ("one-tile n64 w8 s2", k(16, 64, 8, 2, **one)),
+        ("one-tile n64 w4 s2", k(16, 64, 4, 2, **one)),
+        ("one-tile n64 w4 s3", k(16, 64, 4, 3, **one)),
+        ("one-tile n32 w4 s2", k(16, 32, 4, 2, **one)),
+        ("one-tile n32 w4 s3", k(16, 32, 4, 3, **one)),
+        ("one-tile n128 w8 s2", k(16, 128, 8, 2, **one)),
+        ("one-tile n64 w4 s2 ppsm1", k(16, 64, 4, 2, programs_per_sm=1, **one)),
+    ]
+    long_one = Case(1, 16, 32768, return_lse=False)
+    n128 = dict(block_h=16, block_n=128, num_warps=8, num_stages=2, programs_per_sm=1)
+    long_variants = [
+        ("old n128 w8 ppsm1, combine round1", k(**n128, reduce_tiles=ROUND1_TILES)),
+        ("n128 w8 ppsm1, combine wide(d16)", k(**n128, reduce_tiles=WIDE_TILES)),
+        ("n128 w8 ppsm1, combine mid(d32)", k(**n128, reduce_tiles=mid)),
+        ("n64 w4 ppsm1, combine wide(d16)", k(16, 64, 4, 2, programs_per_sm=1, reduce_tiles=WIDE_TILES)),
+        ("n128 w8 split=512 (64 splits), wide", k(**n128, reduce_tiles=WIDE_TILES)),
+    ]
+    timed = [("fp8 64,4096,16", name, replace(fp8, config=c)) for name, c in fp8_variants]
+    for name, c in long_variants:
+        split = 512 if "split=512" in name else None
+        timed.append(("1,32768,16", name, replace(long_one, config=c, split=split)))
+    for shape, base in (
+        ("64,4096,16", Case(64, 16, 4096, return_lse=False)),
+        ("4,1024,16", Case(4, 16, 1024, return_lse=False)),
+    ):
+        default = default_for(base)
+        timed.append(
+            (shape, "default, combine round1", replace(base, config=replace(default, reduce_tiles=ROUND1_TILES)))
+        )
+        timed.append((shape, "default, combine wide", replace(base, config=replace(default, reduce_tiles=WIDE_TILES))))
+    base128 = Case(64, 128, 4096, return_lse=False)
+    timed.append(
+        ("64,4096,128", "default h64 n64 w8 s2 ppsm1", replace(base128, config=k(64, 64, 8, 2, programs_per_sm=1)))
+    )
+    timed.append(("64,4096,128", "h64 n32 w8 s2 ppsm1", replace(base128, config=k(64, 32, 8, 2, programs_per_sm=1))))
+    return checks, timed
+
+
+def measure_mul_bw() -> float:
+    """torch.mul(src, 1.0, out=dst) on 1 GiB of float32 (an SM kernel), bytes read + written."""
+    src = torch.randn(1 << 28, device=DEV)
+    dst = torch.empty_like(src)
+    t = bench_us(lambda: torch.mul(src, 1.0, out=dst))
+    return 2 * src.numel() * 4 / (t * 1e-6)
+
+
+def round2(args, t_start: float) -> int:
+    import triton
+
+    print(f"torch {torch.__version__} triton {triton.__version__} gpu {torch.cuda.get_device_name()}")
+    checks, timed = round2_cases()
+    precompile(checks + [c for _, _, c in timed], args.workers)
+    failures = 0
+    print("\n== correctness of the new variants vs float64 (first 4 rows; out poisoned with NaN) ==")
+    for i, case in enumerate(checks):
+        try:
+            err, lse_err = check_case(case, seed=500 + i)
+            ok = err <= TOL[case.dtype] and lse_err <= 1e-2
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {case.label():40s} {case.config} rel={err:.2e} lse_abs={lse_err:.1e}")
+        except Exception:
+            failures += 1
+            print(f"FAIL {case.label()}: exception\n{traceback.format_exc()[-1500:]}")
+    copy_bw = measure_mul_bw()
+    print(f"\ncopy ceiling (torch.mul 1 GiB fp32, read+write): {copy_bw / 1e9:.0f} GB/s")
+    rows = []
+    for shape, name, case in timed:
+        if time.time() - t_start > args.budget_s:
+            print(f"budget reached, skipping {shape} {name}")
+            continue
+        try:
+            err, _ = check_case(case, seed=2000 + len(rows), rows=2)
+            if not err <= TOL[case.dtype]:
+                failures += 1
+                print(f"FAIL {shape} {name}: rel={err:.2e}")
+                continue
+            t = time_case(case)
+            rows.append((shape, name, t, case_bytes(case) / (t * 1e-6) / copy_bw, case_flops(case) / (t * 1e-6)))
+            print(f"{shape:16s} {name:38s} rel={err:.1e} {t:8.1f} us")
+        except Exception as exc:
+            print(f"{shape:16s} {name} ERROR {type(exc).__name__}: {str(exc)[:300]}")
+    print("\n== combine alone (graph replay) ==")
+    for shape, name, case in timed:
+        if shape == "1,32768,16" and case.split is None and time.time() - t_start < args.budget_s + 20:
+            try:
+                t1, t2, n = stage_times(case)
+                print(f"{shape:16s} {name:38s} splits={n:4d} stage1 {t1:6.1f} us combine {t2:6.1f} us")
+            except Exception as exc:
+                print(f"{shape} stage times ERROR {type(exc).__name__}: {str(exc)[:200]}")
+    print("\n== compiled stage-1 variants ==")
+    print("\n".join(kernel_resources()))
+    print(f"\n== old vs new (copy {copy_bw / 1e9:.0f} GB/s; bytes with fp8 = 1 byte per cache element) ==")
+    for shape, name, t, bw, fl in rows:
+        print(f"{shape:16s} {name:38s} {t:8.1f} us {100 * bw:6.1f}% copyBW {fl / 1e12:7.1f} TFLOP/s")
     print(f"\ncorrectness failures: {failures}; total {time.time() - t_start:.0f}s")
     return 1 if failures else 0
 

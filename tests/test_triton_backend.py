@@ -142,6 +142,37 @@ def test_fp8_cache(q_dtype):
     assert_matches_oracle(inputs, out, lse, dtype=q_dtype)
 
 
+@pytest.mark.parametrize("q_gain", [1e5, 1e-6], ids=["q-beyond-fp16-range", "tiny-q"])
+def test_fp8_one_tile_rescales_queries_into_fp16(q_gain):
+    """fp8_one_tile casts bf16 queries to fp16: a per-head power-of-two scale keeps
+    queries far outside the fp16 range exact (unscaled, 1e5 would overflow to inf)."""
+    from tilegym.ops.contract import validate_mla_decoding
+    from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, mla_decode_into
+
+    inputs = make_mla_inputs(
+        2, 16, 200, 64, 16, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, kv_lens=[200, 45], device=DEVICE
+    )
+    inputs.q.mul_(q_gain)
+    inputs.qpe.mul_(q_gain)
+    call = validate_mla_decoding(
+        inputs.q,
+        inputs.qpe,
+        inputs.kv,
+        inputs.kpe,
+        None,
+        64,
+        kv_lens=inputs.kv_lens,
+        kv_scale=inputs.kv_scale,
+        return_lse=True,
+    )
+    lse = mla_decode_into(call, KernelConfig(16, 32, num_warps=4, num_stages=1, fp8_one_tile=True))
+    assert_matches_oracle(inputs, call.out, dtype=torch.bfloat16)
+    _, ref_lse = mla_decode_float64(
+        inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens, kv_scale=inputs.kv_scale
+    )
+    assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-6, atol=LSE_ATOL)  # lse ~ 3e5 at q_gain 1e5
+
+
 def test_out_is_written_in_place_and_empty_rows_are_zero():
     inputs = make_mla_inputs(2, 16, 100, 64, 16, dtype=torch.float16, kv_lens=[0, 100], device=DEVICE)
     out = torch.full((2, 16, 64), float("nan"), dtype=torch.float16, device=DEVICE)
@@ -164,6 +195,27 @@ def test_splitk_reduce_matches_float64():
     expected = torch.einsum("bhn,bhnd->bhd", weights, partial.double().nan_to_num(0.0))
     assert relative_error(out, expected) < 1e-6
     assert torch.equal(out[2, 4].cpu(), torch.zeros(40))
+
+
+def test_splitk_reduce_wide_tiles_match_round1_tiles():
+    """Both combine tile policies give the same merge (many splits: several split steps)."""
+    from tilegym.ops.triton.splitk_reduce import ROUND1_TILES, WIDE_TILES, splitk_reduce_into
+
+    generator = torch.Generator().manual_seed(2)
+    partial = torch.randn(1, 3, 300, 64, generator=generator).to(DEVICE)
+    lse = (torch.randn(1, 3, 300, generator=generator) * 4).to(DEVICE)
+    lse[0, 2, 100:] = float("-inf")
+    outs = []
+    for tiles in (ROUND1_TILES, WIDE_TILES):
+        out = torch.empty(1, 3, 64, device=DEVICE)
+        merged_lse = torch.empty(1, 3, device=DEVICE)
+        splitk_reduce_into(partial, lse, out, merged_lse, tiles)
+        outs.append((out, merged_lse))
+    weights = torch.softmax(lse.double().cpu(), dim=-1)
+    expected = torch.einsum("bhn,bhnd->bhd", weights, partial.double().cpu())
+    for out, merged_lse in outs:
+        assert relative_error(out, expected) < 1e-6
+        assert torch.allclose(merged_lse.cpu().double(), torch.logsumexp(lse.double().cpu(), -1), atol=1e-5)
 
 
 def test_splitk_reduce_strided_lse_and_half_output():

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from tilegym.ops.contract import MLADecodeCall
 from tilegym.ops.split_plan import SplitPlan, plan_splits
-from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
+from tilegym.ops.triton.splitk_reduce import ReduceTiles, splitk_reduce_into
 from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
 
 LOG2_E = math.log2(math.e)
@@ -48,7 +48,10 @@ class KernelConfig:
     ``block_h``: query heads per program (>= 16: ``tl.dot`` needs M >= 16 on GPUs).
     ``block_n``: KV tokens per loop step. ``programs_per_sm``: occupancy goal handed to
     ``plan_splits`` when the user does not fix ``kv_len_per_split``. ``fp8_v_fp16``: with
-    an fp8 cache, multiply P by V in fp16 rather than in the query dtype.
+    an fp8 cache, multiply P by V in fp16 rather than in the query dtype. ``fp8_one_tile``:
+    with an fp8 cache, widen each tile once to fp16 and use that one tile for both dots
+    (K and V); the queries are rescaled per head by a power of two into fp16.
+    ``reduce_tiles``: tile policy of the combine (None: its default).
     """
 
     block_h: int
@@ -57,6 +60,8 @@ class KernelConfig:
     num_stages: int
     programs_per_sm: int = 2
     fp8_v_fp16: bool = True
+    fp8_one_tile: bool = False
+    reduce_tiles: ReduceTiles | None = None
 
 
 def default_config(call: MLADecodeCall) -> KernelConfig:
@@ -117,6 +122,7 @@ def _mla_split_kv_kernel(
     HAS_KV_LENS: tl.constexpr,
     IS_FP8: tl.constexpr,
     FP8_V_FP16: tl.constexpr,
+    FP8_ONE_TILE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
     # Memory traffic per program: reads L * (D + P) * sizeof(kv) bytes of cache for its
@@ -144,9 +150,13 @@ def _mla_split_kv_kernel(
         length = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + b), 0), seq_len)
     start = split * kv_len_per_split
     end = tl.minimum(start + kv_len_per_split, length)
+    row_scale = tl.full([BLOCK_H], 1.0, tl.float32) * score_scale
     if IS_FP8:
         kv_scale = tl.load(kv_scale_ptr)
-        score_scale = score_scale * kv_scale
+        row_scale = row_scale * kv_scale
+        if FP8_ONE_TILE:
+            q, qpe, head_scale = _queries_to_fp16(q, qpe)
+            row_scale = row_scale * head_scale
 
     kv_row = kv_ptr + b * stride_kv_b
     kpe_row = kpe_ptr + b * stride_kpe_b
@@ -158,7 +168,12 @@ def _mla_split_kv_kernel(
         n_mask = offs_n < end
         kv = tl.load(kv_row + offs_n[:, None] * stride_kv_s + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         kpe = tl.load(kpe_row + offs_n[:, None] * stride_kpe_s + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-        if IS_FP8:
+        if IS_FP8 and FP8_ONE_TILE:
+            # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
+            kv = kv.to(tl.float16)
+            kpe = kpe.to(tl.float16)
+            v = kv
+        elif IS_FP8:
             # Both conversions are exact. FP8_V_FP16: the V side in fp16 (one native
             # e4m3 -> f16 convert on NVIDIA; p in [0, 1] loses nothing in fp16).
             if FP8_V_FP16:
@@ -172,7 +187,7 @@ def _mla_split_kv_kernel(
         scores = tl.dot(qpe, tl.trans(kpe))
         scores = tl.dot(q, tl.trans(kv), scores)
         # n0 < end, so every tile has a valid token and m_new is finite.
-        scores = tl.where(n_mask[None, :], scores * score_scale, float("-inf"))
+        scores = tl.where(n_mask[None, :], scores * row_scale[:, None], float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
@@ -190,6 +205,21 @@ def _mla_split_kv_kernel(
     if WRITE_LSE:
         lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
         tl.store(lse_ptr + b * stride_lse_b + split * stride_lse_n + offs_h * stride_lse_h, lse, mask=h_mask)
+
+
+@triton.jit
+def _queries_to_fp16(q, qpe):
+    """Scale each head's (q, qpe) row by a power of two so its largest entry is near 2^14
+    (far below the fp16 maximum), then cast to fp16: exact for every bf16 entry within a
+    factor 2^27 of the row's largest (fp16 keeps 11 significant bits, bf16 has 8).
+    Returns the per-head factor that undoes the scaling on the scores."""
+    row_max = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), axis=1), tl.max(tl.abs(qpe.to(tl.float32)), axis=1))
+    exponent = tl.floor(tl.log2(tl.where(row_max > 0, row_max, 1.0))) - 14.0
+    head_scale = tl.exp2(exponent)
+    inverse = 1.0 / head_scale
+    q16 = (q.to(tl.float32) * inverse[:, None]).to(tl.float16)
+    qpe16 = (qpe.to(tl.float32) * inverse[:, None]).to(tl.float16)
+    return q16, qpe16, head_scale
 
 
 def split_plan(call: MLADecodeCall, config: KernelConfig) -> SplitPlan:
@@ -244,6 +274,7 @@ def _launch_stage1(
         HAS_KV_LENS=call.kv_lens is not None,
         IS_FP8=call.is_fp8,
         FP8_V_FP16=config.fp8_v_fp16,
+        FP8_ONE_TILE=config.fp8_one_tile,
         WRITE_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -277,5 +308,5 @@ def mla_decode_into(call: MLADecodeCall, config: KernelConfig | None = None) -> 
         partial_lse,
         partial_lse.stride(),
     )
-    splitk_reduce_into(partial_out, partial_lse, call.out, lse)
+    splitk_reduce_into(partial_out, partial_lse, call.out, lse, config.reduce_tiles)
     return lse

@@ -12,16 +12,36 @@ The ROCm path is the same source; it has not been run on AMD hardware.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
 
-# Elements of one [BLOCK_SPLITS, BLOCK_D] partial tile a program loads per step.
-_TILE_ELEMENTS = 4096
 _MAX_BLOCK_D = 512
-_MIN_BLOCK_D_GPU = 64
+
+
+@dataclass(frozen=True)
+class ReduceTiles:
+    """Tile policy of the combine on a GPU.
+
+    ``tile_elements``: most elements of one [BLOCK_SPLITS, BLOCK_D] partial tile a program
+    loads per step. ``min_block_d``: narrowest D slice. ``programs_per_sm``: D slices are
+    narrowed until the grid has at least this many programs per SM (one long request has
+    few (b, h) pairs but many splits, so it needs D-parallelism to fill the GPU).
+    """
+
+    tile_elements: int = 4096
+    min_block_d: int = 64
+    programs_per_sm: int = 2
+    num_warps: int = 4
+
+
+ROUND1_TILES = ReduceTiles()  # first version, measured in NOTES_triton.md runs 1-2
+WIDE_TILES = ReduceTiles(tile_elements=8192, min_block_d=16, programs_per_sm=4)
+DEFAULT_TILES = ROUND1_TILES
 
 
 @triton.jit
@@ -93,16 +113,17 @@ def _splitk_reduce_kernel(
             tl.store(lse_out_ptr + b * stride_lo_b + h * stride_lo_h, merged_lse)
 
 
-def _block_sizes(batch: int, heads: int, num_splits: int, head_dim: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_SPLITS, BLOCK_D): tiles of ~_TILE_ELEMENTS; on a GPU, narrow D slices until
-    there are >= 2 programs per SM (one long request has few (b, h) pairs but many splits).
-    On CPU the interpreter runs programs one by one, so fewer, wider programs are faster."""
+def _block_sizes(
+    batch: int, heads: int, num_splits: int, head_dim: int, device: torch.device, tiles: ReduceTiles
+) -> tuple[int, int]:
+    """(BLOCK_SPLITS, BLOCK_D) under ``tiles``. On CPU the interpreter runs programs one by
+    one, so fewer, wider programs are faster: no D narrowing there."""
     block_d = min(next_power_of_2(head_dim), _MAX_BLOCK_D)
     if device.type == "cuda":
-        target = 2 * multiprocessor_count(device)
-        while block_d > _MIN_BLOCK_D_GPU and batch * heads * cdiv(head_dim, block_d) < target:
+        target = tiles.programs_per_sm * multiprocessor_count(device)
+        while block_d > tiles.min_block_d and batch * heads * cdiv(head_dim, block_d) < target:
             block_d //= 2
-    block_splits = max(1, min(next_power_of_2(num_splits), _TILE_ELEMENTS // block_d))
+    block_splits = max(1, min(next_power_of_2(num_splits), tiles.tile_elements // block_d))
     return block_splits, block_d
 
 
@@ -111,10 +132,14 @@ def splitk_reduce_into(
     partial_lse: torch.Tensor,
     out: torch.Tensor,
     lse_out: torch.Tensor | None = None,
+    tiles: ReduceTiles | None = None,
 ) -> None:
-    """Launch the combine: write ``out`` [B, H, D] (and ``lse_out`` [B, H] float32 if given)."""
+    """Launch the combine: write ``out`` [B, H, D] (and ``lse_out`` [B, H] float32 if given).
+
+    ``tiles`` overrides the tile policy (benchmarks compare them); None uses DEFAULT_TILES."""
+    tiles = tiles or DEFAULT_TILES
     batch, heads, num_splits, head_dim = partial_out.shape
-    block_splits, block_d = _block_sizes(batch, heads, num_splits, head_dim, partial_out.device)
+    block_splits, block_d = _block_sizes(batch, heads, num_splits, head_dim, partial_out.device, tiles)
     lse_target = out if lse_out is None else lse_out  # a valid pointer; unused without WRITE_LSE
     grid = (batch * heads, cdiv(head_dim, block_d))
     _splitk_reduce_kernel[grid](
@@ -132,5 +157,5 @@ def splitk_reduce_into(
         BLOCK_SPLITS=block_splits,
         BLOCK_D=block_d,
         WRITE_LSE=lse_out is not None,
-        num_warps=4,
+        num_warps=tiles.num_warps,
     )
