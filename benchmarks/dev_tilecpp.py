@@ -39,7 +39,9 @@ from tilegym.ops.tilecpp.mla_decoding_split_kv import (
     split_plan,
 )
 from tilegym.ops.tilecpp.mla_decoding_split_kv import mla_decoding_split_kv as tilecpp_mla
+from tilegym.ops.tilecpp.splitk_reduce import combine_kernel, launch_combine
 from tilegym.testing import mla_decode_float64, relative_error
+from tilegym.utils import cdiv
 
 D, P = 512, 64
 DEV = "cuda"
@@ -324,11 +326,152 @@ def precompile_extras(arch: str) -> None:
     for dtype in DTYPES:
         for config in EXTRA_CONFIGS:
             print(split_kv_kernel(dtype, config).compile(arch))
+    for tile in COMBINE_TILES:
+        print(combine_kernel(torch.float32, torch.bfloat16, tile).compile(arch))
+
+
+# ----------------------------------------------------------------------------- round 2: the combine
+# Combine tiles (rows, splits, columns) compared in round 2 (float32 -> bf16 only). v2's defaults were
+# (8, 8, 64) for N <= 8 and (1, 16, 64) for N > 8, one program per row block.
+COMBINE_TILES = [(8, 8, 64), (1, 16, 64), (8, 2, 64), (16, 2, 64), (32, 2, 64), (1, 64, 64), (1, 128, 32), (4, 16, 64)]
+# (tile, programs per SM cap or None) per benchmark shape; the first entry is v2's default.
+ROUND2_SHAPES: dict[tuple[int, int, int], list[tuple[tuple[int, int, int], int | None]]] = {
+    (64, 4096, 16): [
+        ((8, 8, 64), None),
+        ((8, 2, 64), None),
+        ((16, 2, 64), None),
+        ((32, 2, 64), None),
+        ((8, 2, 64), 1),
+        ((8, 2, 64), 2),
+        ((16, 2, 64), 1),
+    ],
+    (4, 1024, 16): [((1, 16, 64), None), ((1, 64, 64), None), ((1, 128, 32), None), ((4, 16, 64), None)],
+    (1, 32768, 16): [((1, 16, 64), None), ((1, 64, 64), None), ((1, 128, 32), None), ((4, 16, 64), None)],
+}
+
+
+def check_combine_tiles() -> None:
+    """Every round-2 combine tile (and the capped, looping grid) vs a float64 merge."""
+    print("== round 2: combine tiles vs float64", flush=True)
+    for tile in COMBINE_TILES:
+        for b, h, n, cap in ((3, 5, 1, None), (70, 16, 2, None), (70, 16, 2, 1), (4, 16, 16, None), (1, 16, 128, 1)):
+            g = torch.Generator(device=DEV).manual_seed(n + b)
+            partial = torch.randn(b, h, n, D, generator=g, device=DEV)
+            lse = torch.randn(b, h, n, generator=g, device=DEV) * 3
+            lse[0, 0, :] = float("-inf")
+            lse[-1, -1, ::2] = float("-inf")
+            out = torch.full((b, h, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+            out_lse = torch.full((b, h), float("nan"), device=DEV)
+            launch_combine(partial, lse, out, out_lse, tile=tile, row_programs_per_sm=cap)
+            torch.cuda.synchronize()
+            err = relative_error(out, merged_float64(partial, lse))
+            top = lse.double().amax(-1)
+            ref_lse = top + torch.log(torch.exp(lse.double() - top.clamp_min(-1e300).unsqueeze(-1)).sum(-1))
+            finite = torch.isfinite(top)
+            lse_err = (out_lse.double()[finite] - ref_lse[finite]).abs().max().item()
+            ok = err < TOL[torch.bfloat16] / 2 and lse_err < 1e-4 and bool(torch.isneginf(out_lse[~finite]).all())
+            ok = ok and bool((out[0, 0] == 0).all()) and bool(torch.isfinite(out).all())
+            record(ok, f"combine tile={tile} cap={cap} B={b} H={h} N={n}", f"rel.err {err:.2e} lse {lse_err:.1e}")
+    for (b, s, h), combos in ROUND2_SHAPES.items():
+        for tile, cap in combos:
+            opts = {"combine_tile": tile, "row_programs_per_sm": cap}
+            for lens in (None, [0, s // 3 + 1] * (b // 2) if b > 1 else [s - 5]):
+                x = inputs(b, h, s, torch.bfloat16, 30)
+                kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
+                out = torch.full((b, h, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+                call = validate_mla_decoding(**x, kv_lens=kv_lens, return_lse=True, out=out)
+                lse = tilecpp_mla(call, **opts)
+                rows = min(b, 4)
+                sub = {k: v[:rows] for k, v in x.items()}
+                ref, ref_lse = mla_decode_float64(**sub, kv_lens=None if kv_lens is None else kv_lens[:rows])
+                err = relative_error(out[:rows], ref)
+                finite = torch.isfinite(ref_lse)
+                lse_err = (lse[:rows].cpu().double()[finite] - ref_lse[finite]).abs().max().item()
+                ok = err < TOL[torch.bfloat16] and lse_err < 1e-2 and bool(torch.isfinite(out).all())
+                record(ok, f"mla {(b, s, h)} combine {tile} cap={cap} lens={lens is not None}", f"rel.err {err:.2e}")
+
+
+def round2_shape(b: int, s: int, h: int, combos: list[tuple[tuple[int, int, int], int | None]]) -> list[tuple]:
+    """Split stage alone, then per combine variant: both stages twice and the combine alone."""
+    rows = []
+    set_bytes = b * s * (D + P) * 2
+    sets = max(1, min(8, math.ceil(200e6 / set_bytes)))
+    calls = [validate_mla_decoding(**inputs(b, h, s, torch.bfloat16, 100 + i)) for i in range(sets)]
+    plan = split_plan(calls[0], SMALL_HEADS)
+    kernel = split_kv_kernel(torch.bfloat16, SMALL_HEADS)
+    partials = (torch.randn(b, h, plan.num_splits, D, device=DEV), torch.randn(b, h, plan.num_splits, device=DEV))
+    per_graph = sets * max(1, 4 // sets)
+    state = {"i": 0}
+
+    def split_stage() -> None:
+        launch_split_kv(calls[state["i"] % sets], kernel, SMALL_HEADS, plan, partials, None)
+        state["i"] += 1
+
+    split_us = time_graph(split_stage, calls_per_graph=per_graph)
+    for tile, cap in combos:
+        opts = {"combine_tile": tile, "row_programs_per_sm": cap}
+
+        def both(opts: dict = opts) -> None:
+            tilecpp_mla(calls[state["i"] % sets], **opts)
+            state["i"] += 1
+
+        def combine_only(tile: tuple = tile, cap: int | None = cap) -> None:
+            launch_combine(*partials, calls[0].out, None, tile=tile, row_programs_per_sm=cap)
+
+        us = time_graph(both, calls_per_graph=per_graph)
+        again = time_graph(both, calls_per_graph=per_graph)
+        comb = time_graph(combine_only, calls_per_graph=20)
+        rows.append(((b, s, h), f"{plan.num_splits}x{plan.kv_len_per_split}", tile, cap, us, again, split_us, comb))
+        print(f"  {rows[-1]}", flush=True)
+    return rows
+
+
+def round2_bench() -> list[tuple]:
+    """Graph-replayed end-to-end and combine-alone times for each shape and combine variant."""
+    print("== round 2: timings (bf16, graph replay)", flush=True)
+    copy_gbs, _ = copy_bandwidth()
+    print(f"copy kernel (torch.mul, 1 GiB, read + write): {copy_gbs:.0f} GB/s", flush=True)
+    rows = []
+    for (b, s, h), combos in ROUND2_SHAPES.items():
+        rows += round2_shape(b, s, h, combos)
+    # Fewer, longer splits for the one long request (combine: the best-guess tile, and v2's).
+    call = validate_mla_decoding(**inputs(1, 16, 32768, torch.bfloat16, 200))
+    for split in (512, 1024):
+        for tile in ((1, 16, 64), (1, 64, 64)):
+            us = time_graph(lambda t=tile, n=split: tilecpp_mla(call, kv_len_per_split=n, combine_tile=t), reps=30)
+            rows.append(
+                (
+                    (1, 32768, 16),
+                    f"{cdiv(32768, split)}x{split}",
+                    tile,
+                    None,
+                    us,
+                    float("nan"),
+                    float("nan"),
+                    float("nan"),
+                )
+            )
+            print(f"  {rows[-1]}", flush=True)
+    print(f"\ncopy ceiling {copy_gbs:.0f} GB/s; us = both stages (again = 2nd measurement), split = stage 1 alone,")
+    print(
+        "combine = the combine alone on the same partials (20 per graph); "
+        "tile = (rows, splits, cols); cap = programs/SM"
+    )
+    print(
+        f"{'(B, S, H)':16s} {'splits':10s} {'tile':14s} {'cap':>4s} {'us':>7s} {'again':>7s} {'split':>7s} {'comb':>7s}"
+    )
+    for shape, plan_s, tile, cap, us, again, split_us, comb in rows:
+        print(
+            f"{str(shape):16s} {plan_s:10s} {str(tile):14s} {str(cap):>4s} "
+            f"{us:7.1f} {again:7.1f} {split_us:7.1f} {comb:7.2f}"
+        )
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--round2", action="store_true", help="only the round-2 combine checks and timings")
     parser.add_argument("--precompile-extras", metavar="ARCH", help="build benchmark-only variants, then exit")
     args = parser.parse_args()
     if args.precompile_extras:
@@ -337,6 +480,15 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; cache {cache_dir()}")
     print(f"toolchain: {toolchain_problem() or 'Tile-capable nvcc found'}", flush=True)
+    if args.round2:
+        for stage in (check_combine_tiles, round2_bench):
+            try:
+                stage()
+            except Exception as exc:
+                traceback.print_exc()
+                FAILURES.append(f"{stage.__name__}: {type(exc).__name__}: {exc}")
+        print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
+        return 1 if FAILURES else 0
     for stage in (correctness, check_public_api_and_graph):
         try:
             stage()
