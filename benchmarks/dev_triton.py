@@ -506,7 +506,7 @@ def round2_cases() -> tuple[list[Case], list[tuple[str, str, Case]]]:
     from tilegym.ops.triton.splitk_reduce import ROUND1_TILES, WIDE_TILES, ReduceTiles
 
     k = KernelConfig
-    mid = ReduceTiles(tile_elements=8192, min_block_d=32, programs_per_sm=2)
+    mid = ReduceTiles(tile_elements=8192, min_block_d=32, programs_per_sm=2)  # = DEFAULT_TILES at 128 splits
     one = dict(fp8_one_tile=True)
     checks = [
         Case(2, 16, 1000, kv_dtype=FP8, kv_lens=(1000, 3), config=k(16, 64, 8, 2, **one)),

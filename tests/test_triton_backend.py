@@ -198,15 +198,15 @@ def test_splitk_reduce_matches_float64():
 
 
 def test_splitk_reduce_wide_tiles_match_round1_tiles():
-    """Both combine tile policies give the same merge (many splits: several split steps)."""
-    from tilegym.ops.triton.splitk_reduce import ROUND1_TILES, WIDE_TILES, splitk_reduce_into
+    """Every combine tile policy gives the same merge (many splits: several split steps)."""
+    from tilegym.ops.triton.splitk_reduce import DEFAULT_TILES, ROUND1_TILES, WIDE_TILES, splitk_reduce_into
 
     generator = torch.Generator().manual_seed(2)
     partial = torch.randn(1, 3, 300, 64, generator=generator).to(DEVICE)
     lse = (torch.randn(1, 3, 300, generator=generator) * 4).to(DEVICE)
     lse[0, 2, 100:] = float("-inf")
     outs = []
-    for tiles in (ROUND1_TILES, WIDE_TILES):
+    for tiles in (ROUND1_TILES, WIDE_TILES, DEFAULT_TILES):
         out = torch.empty(1, 3, 64, device=DEVICE)
         merged_lse = torch.empty(1, 3, device=DEVICE)
         splitk_reduce_into(partial, lse, out, merged_lse, tiles)

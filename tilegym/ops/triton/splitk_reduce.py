@@ -41,7 +41,10 @@ class ReduceTiles:
 
 ROUND1_TILES = ReduceTiles()  # first version, measured in NOTES_triton.md runs 1-2
 WIDE_TILES = ReduceTiles(tile_elements=8192, min_block_d=16, programs_per_sm=4)
-DEFAULT_TILES = ROUND1_TILES
+# 32-wide D slices: (1, 32768, 16) with 128 splits gets 256 programs of [128, 32] and its
+# combine went from 5.4 to 3.8 us (NOTES_triton.md, round 2). Launches with >= 33 (b, h)
+# pairs are the same as ROUND1_TILES.
+DEFAULT_TILES = ReduceTiles(min_block_d=32)
 
 
 @triton.jit
