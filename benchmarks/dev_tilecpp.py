@@ -331,22 +331,15 @@ def precompile_extras(arch: str) -> None:
 
 
 # ----------------------------------------------------------------------------- round 2: the combine
-# Combine tiles (rows, splits, columns) compared in round 2 (float32 -> bf16 only). v2's defaults were
-# (8, 8, 64) for N <= 8 and (1, 16, 64) for N > 8, one program per row block.
-COMBINE_TILES = [(8, 8, 64), (1, 16, 64), (8, 2, 64), (16, 2, 64), (32, 2, 64), (1, 64, 64), (1, 128, 32), (4, 16, 64)]
-# (tile, programs per SM cap or None) per benchmark shape; the first entry is v2's default.
-ROUND2_SHAPES: dict[tuple[int, int, int], list[tuple[tuple[int, int, int], int | None]]] = {
-    (64, 4096, 16): [
-        ((8, 8, 64), None),
-        ((8, 2, 64), None),
-        ((16, 2, 64), None),
-        ((32, 2, 64), None),
-        ((8, 2, 64), 1),
-        ((8, 2, 64), 2),
-        ((16, 2, 64), 1),
-    ],
-    (4, 1024, 16): [((1, 16, 64), None), ((1, 64, 64), None), ((1, 128, 32), None), ((4, 16, 64), None)],
-    (1, 32768, 16): [((1, 16, 64), None), ((1, 64, 64), None), ((1, 128, 32), None), ((4, 16, 64), None)],
+# Combine tiles (rows, splits, columns) to compare (float32 -> bf16 only); v2's defaults are (8, 8, 64)
+# for N <= 8 and (1, 16, 64) for N > 8. Round 2 measured these (and (8|16, 2, 64)) through a
+# row-block-loop version of the kernel (commit b2f7627), which used more registers and was not kept.
+COMBINE_TILES = [(8, 8, 64), (1, 16, 64), (32, 2, 64), (1, 64, 64), (1, 128, 32)]
+# Combine tiles timed per benchmark shape; the first entry is the library default.
+ROUND2_SHAPES: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {
+    (64, 4096, 16): [(8, 8, 64), (32, 2, 64)],
+    (4, 1024, 16): [(1, 16, 64), (1, 64, 64)],
+    (1, 32768, 16): [(1, 16, 64), (1, 64, 64), (1, 128, 32)],
 }
 
 
@@ -354,7 +347,7 @@ def check_combine_tiles() -> None:
     """Every round-2 combine tile (and the capped, looping grid) vs a float64 merge."""
     print("== round 2: combine tiles vs float64", flush=True)
     for tile in COMBINE_TILES:
-        for b, h, n, cap in ((3, 5, 1, None), (70, 16, 2, None), (70, 16, 2, 1), (4, 16, 16, None), (1, 16, 128, 1)):
+        for b, h, n in ((3, 5, 1), (70, 16, 2), (4, 16, 16), (1, 16, 128)):
             g = torch.Generator(device=DEV).manual_seed(n + b)
             partial = torch.randn(b, h, n, D, generator=g, device=DEV)
             lse = torch.randn(b, h, n, generator=g, device=DEV) * 3
@@ -362,7 +355,7 @@ def check_combine_tiles() -> None:
             lse[-1, -1, ::2] = float("-inf")
             out = torch.full((b, h, D), float("nan"), dtype=torch.bfloat16, device=DEV)
             out_lse = torch.full((b, h), float("nan"), device=DEV)
-            launch_combine(partial, lse, out, out_lse, tile=tile, row_programs_per_sm=cap)
+            launch_combine(partial, lse, out, out_lse, tile=tile)
             torch.cuda.synchronize()
             err = relative_error(out, merged_float64(partial, lse))
             top = lse.double().amax(-1)
@@ -371,16 +364,15 @@ def check_combine_tiles() -> None:
             lse_err = (out_lse.double()[finite] - ref_lse[finite]).abs().max().item()
             ok = err < TOL[torch.bfloat16] / 2 and lse_err < 1e-4 and bool(torch.isneginf(out_lse[~finite]).all())
             ok = ok and bool((out[0, 0] == 0).all()) and bool(torch.isfinite(out).all())
-            record(ok, f"combine tile={tile} cap={cap} B={b} H={h} N={n}", f"rel.err {err:.2e} lse {lse_err:.1e}")
+            record(ok, f"combine tile={tile} B={b} H={h} N={n}", f"rel.err {err:.2e} lse {lse_err:.1e}")
     for (b, s, h), combos in ROUND2_SHAPES.items():
-        for tile, cap in combos:
-            opts = {"combine_tile": tile, "row_programs_per_sm": cap}
+        for tile in combos:
             for lens in (None, [0, s // 3 + 1] * (b // 2) if b > 1 else [s - 5]):
                 x = inputs(b, h, s, torch.bfloat16, 30)
                 kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
                 out = torch.full((b, h, D), float("nan"), dtype=torch.bfloat16, device=DEV)
                 call = validate_mla_decoding(**x, kv_lens=kv_lens, return_lse=True, out=out)
-                lse = tilecpp_mla(call, **opts)
+                lse = tilecpp_mla(call, combine_tile=tile)
                 rows = min(b, 4)
                 sub = {k: v[:rows] for k, v in x.items()}
                 ref, ref_lse = mla_decode_float64(**sub, kv_lens=None if kv_lens is None else kv_lens[:rows])
@@ -388,10 +380,10 @@ def check_combine_tiles() -> None:
                 finite = torch.isfinite(ref_lse)
                 lse_err = (lse[:rows].cpu().double()[finite] - ref_lse[finite]).abs().max().item()
                 ok = err < TOL[torch.bfloat16] and lse_err < 1e-2 and bool(torch.isfinite(out).all())
-                record(ok, f"mla {(b, s, h)} combine {tile} cap={cap} lens={lens is not None}", f"rel.err {err:.2e}")
+                record(ok, f"mla {(b, s, h)} combine {tile} lens={lens is not None}", f"rel.err {err:.2e}")
 
 
-def round2_shape(b: int, s: int, h: int, combos: list[tuple[tuple[int, int, int], int | None]]) -> list[tuple]:
+def round2_shape(b: int, s: int, h: int, tiles: list[tuple[int, int, int]]) -> list[tuple]:
     """Split stage alone, then per combine variant: both stages twice and the combine alone."""
     rows = []
     set_bytes = b * s * (D + P) * 2
@@ -408,20 +400,19 @@ def round2_shape(b: int, s: int, h: int, combos: list[tuple[tuple[int, int, int]
         state["i"] += 1
 
     split_us = time_graph(split_stage, calls_per_graph=per_graph)
-    for tile, cap in combos:
-        opts = {"combine_tile": tile, "row_programs_per_sm": cap}
+    for tile in tiles:
 
-        def both(opts: dict = opts) -> None:
-            tilecpp_mla(calls[state["i"] % sets], **opts)
+        def both(tile: tuple = tile) -> None:
+            tilecpp_mla(calls[state["i"] % sets], combine_tile=tile)
             state["i"] += 1
 
-        def combine_only(tile: tuple = tile, cap: int | None = cap) -> None:
-            launch_combine(*partials, calls[0].out, None, tile=tile, row_programs_per_sm=cap)
+        def combine_only(tile: tuple = tile) -> None:
+            launch_combine(*partials, calls[0].out, None, tile=tile)
 
         us = time_graph(both, calls_per_graph=per_graph)
         again = time_graph(both, calls_per_graph=per_graph)
         comb = time_graph(combine_only, calls_per_graph=20)
-        rows.append(((b, s, h), f"{plan.num_splits}x{plan.kv_len_per_split}", tile, cap, us, again, split_us, comb))
+        rows.append(((b, s, h), f"{plan.num_splits}x{plan.kv_len_per_split}", tile, us, again, split_us, comb))
         print(f"  {rows[-1]}", flush=True)
     return rows
 
@@ -444,7 +435,6 @@ def round2_bench() -> list[tuple]:
                     (1, 32768, 16),
                     f"{cdiv(32768, split)}x{split}",
                     tile,
-                    None,
                     us,
                     float("nan"),
                     float("nan"),
@@ -453,18 +443,10 @@ def round2_bench() -> list[tuple]:
             )
             print(f"  {rows[-1]}", flush=True)
     print(f"\ncopy ceiling {copy_gbs:.0f} GB/s; us = both stages (again = 2nd measurement), split = stage 1 alone,")
-    print(
-        "combine = the combine alone on the same partials (20 per graph); "
-        "tile = (rows, splits, cols); cap = programs/SM"
-    )
-    print(
-        f"{'(B, S, H)':16s} {'splits':10s} {'tile':14s} {'cap':>4s} {'us':>7s} {'again':>7s} {'split':>7s} {'comb':>7s}"
-    )
-    for shape, plan_s, tile, cap, us, again, split_us, comb in rows:
-        print(
-            f"{str(shape):16s} {plan_s:10s} {str(tile):14s} {str(cap):>4s} "
-            f"{us:7.1f} {again:7.1f} {split_us:7.1f} {comb:7.2f}"
-        )
+    print("combine = the combine alone on the same partials (20 per graph); tile = (rows, splits, cols)")
+    print(f"{'(B, S, H)':16s} {'splits':10s} {'tile':14s} {'us':>7s} {'again':>7s} {'split':>7s} {'comb':>7s}")
+    for shape, plan_s, tile, us, again, split_us, comb in rows:
+        print(f"{str(shape):16s} {plan_s:10s} {str(tile):14s} {us:7.1f} {again:7.1f} {split_us:7.1f} {comb:7.2f}")
     return rows
 
 

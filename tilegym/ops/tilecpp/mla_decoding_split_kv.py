@@ -189,7 +189,6 @@ def mla_decoding_split_kv(
     config: TileConfig | None = None,
     kv_len_per_split: int | None = None,
     combine_tile: tuple[int, int, int] | None = None,
-    row_programs_per_sm: int | None = None,
 ) -> torch.Tensor | None:
     """Run the op; the keyword arguments override the defaults (benchmarks)."""
     config = config or choose_config(call.heads)
@@ -204,7 +203,5 @@ def mla_decoding_split_kv(
         partial_out = torch.empty((batch, heads, plan.num_splits, HEAD_DIM), dtype=torch.float32, device=device)
         partial_lse = torch.empty((batch, heads, plan.num_splits), dtype=torch.float32, device=device)
         launch_split_kv(call, kernel, config, plan, (partial_out, partial_lse), None)
-        launch_combine(
-            partial_out, partial_lse, call.out, lse, tile=combine_tile, row_programs_per_sm=row_programs_per_sm
-        )
+        launch_combine(partial_out, partial_lse, call.out, lse, tile=combine_tile)
     return lse

@@ -1,17 +1,15 @@
 // Split-KV combine: merge per-split partial outputs with their log-sum-exp.
 //
-// One program = BLOCK_D columns of a strided set of row blocks: it merges blocks of BLOCK_R
-// consecutive (batch, head) rows bid.y, bid.y + grid.y, ... (a persistent loop: the launcher may
-// launch fewer programs than row blocks, so one wave covers a large batch). For each row block it
-// walks the N splits BLOCK_S at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile, keeping a running
-// max of the lse and rescaling its float32 sums, so N is a runtime argument:
+// One program = (BLOCK_D columns, BLOCK_R consecutive (batch, head) rows). It walks the N splits
+// BLOCK_S at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile, keeping a running max of the lse
+// and rescaling its float32 sums, so N is a runtime argument:
 //   out[r, d] = sum_n exp(lse[r, n] - max_n lse[r, n]) * partial[r, n, d] / sum_n exp(...).
 // Splits with lse = -inf weigh nothing; a row whose splits are all empty gives zeros.
 // With write_lse, the first column block also writes the merged lse (-inf for an empty row).
 // Two shapes are built: many rows x few splits (large batch) and one row x many splits (long
-// sequences, few rows).
+// sequences, few rows); both keep BLOCK_R * BLOCK_S * BLOCK_D elements in flight per step.
 //
-// Memory traffic per row block: reads BLOCK_R * N * BLOCK_D * sizeof(TIn) B of partials and
+// Memory traffic per program: reads BLOCK_R * N * BLOCK_D * sizeof(TIn) B of partials and
 // BLOCK_R * N * 4 B of lse (the lse once per column block), writes BLOCK_R * BLOCK_D *
 // sizeof(TOut) B (+ BLOCK_R * 4 B of lse). Whole launch: B * H * N * D * sizeof(TIn) read
 // + B * H * D * sizeof(TOut) written.
@@ -24,19 +22,27 @@
 
 #include "common.cuh"
 
-// Merges rows [r0, r0 + BLOCK_R) x columns [d0, d0 + BLOCK_D) over all splits.
 template <typename TIn, typename TOut, int BLOCK_R, int BLOCK_S, int BLOCK_D>
-__tile__ inline void merge_row_block(const TIn* __restrict__ partial_out, const float* __restrict__ partial_lse,
-                                     TOut* __restrict__ out, float* __restrict__ out_lse, int rows, int heads,
-                                     int num_splits, int head_dim, int write_lse, long long po_sb, long long po_sh,
-                                     long long po_sn, long long lse_sb, long long lse_sh, long long lse_sn, int r0,
-                                     int d0) {
+__tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, const float* __restrict__ partial_lse,
+                                          TOut* __restrict__ out, float* __restrict__ out_lse, int rows, int heads,
+                                          int num_splits, int head_dim, int write_lse, long long po_sb,
+                                          long long po_sh, long long po_sn, long long lse_sb, long long lse_sh,
+                                          long long lse_sn) {
   namespace ct = cuda::tiles;
   using i32_R = ct::tile<int, ct::shape<BLOCK_R>>;
   using i32_S = ct::tile<int, ct::shape<BLOCK_S>>;
   using i32_D = ct::tile<int, ct::shape<BLOCK_D>>;
   using f32_R1 = ct::tile<float, ct::shape<BLOCK_R, 1>>;
   using f32_RD = ct::tile<float, ct::shape<BLOCK_R, BLOCK_D>>;
+
+  constexpr int kVec = 16 / sizeof(TIn);  // elements per 16-byte vector
+  partial_out = ct::assume_aligned<16>(partial_out);
+  po_sb = ct::assume_divisible<kVec>(po_sb);
+  po_sh = ct::assume_divisible<kVec>(po_sh);
+  po_sn = ct::assume_divisible<kVec>(po_sn);
+
+  const int d0 = ct::bid().x * BLOCK_D;
+  const int r0 = ct::bid().y * BLOCK_R;
 
   auto r = ct::iota<i32_R>() + r0;
   auto b = r / ct::full<i32_R>(heads);
@@ -77,27 +83,5 @@ __tile__ inline void merge_row_block(const TIn* __restrict__ partial_out, const 
   if (write_lse && d0 == 0) {
     auto lse = ct::select(nonempty, m + ct::log2(total) * tilegym::kLn2, ct::full<f32_R1>(-INFINITY));
     ct::store_masked(out_lse + r_col, lse, r_ok2);
-  }
-}
-
-template <typename TIn, typename TOut, int BLOCK_R, int BLOCK_S, int BLOCK_D>
-__tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, const float* __restrict__ partial_lse,
-                                          TOut* __restrict__ out, float* __restrict__ out_lse, int rows, int heads,
-                                          int num_splits, int head_dim, int write_lse, long long po_sb,
-                                          long long po_sh, long long po_sn, long long lse_sb, long long lse_sh,
-                                          long long lse_sn) {
-  namespace ct = cuda::tiles;
-  constexpr int kVec = 16 / sizeof(TIn);  // elements per 16-byte vector
-  partial_out = ct::assume_aligned<16>(partial_out);
-  po_sb = ct::assume_divisible<kVec>(po_sb);
-  po_sh = ct::assume_divisible<kVec>(po_sh);
-  po_sn = ct::assume_divisible<kVec>(po_sn);
-
-  const int d0 = ct::bid().x * BLOCK_D;
-  const int num_row_blocks = (rows + BLOCK_R - 1) / BLOCK_R;
-  for (int row_block : ct::irange((int)ct::bid().y, num_row_blocks, (int)ct::num_blocks().y)) {
-    merge_row_block<TIn, TOut, BLOCK_R, BLOCK_S, BLOCK_D>(partial_out, partial_lse, out, out_lse, rows, heads,
-                                                          num_splits, head_dim, write_lse, po_sb, po_sh, po_sn,
-                                                          lse_sb, lse_sh, lse_sn, row_block * BLOCK_R, d0);
   }
 }

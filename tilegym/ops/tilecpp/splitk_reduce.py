@@ -2,9 +2,7 @@
 
 Used as the second stage of ``mla_decoding_split_kv`` and registered on its own for the
 ``splitk_reduce`` op. Variants: (partial dtype, output dtype) pair x tile shape, where the
-shape is "many rows" for few splits and "one row" for many splits. The kernel loops over row
-blocks, so the launcher caps the programs per column block (``row_programs``) instead of
-launching one program per row block.
+shape is "many rows" for few splits and "one row" for many splits.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import torch
 
 from tilegym.ops.contract import SplitKReduceCall
 from tilegym.ops.tilecpp.loader import TileCppKernel
-from tilegym.utils import cdiv, multiprocessor_count
+from tilegym.utils import cdiv
 
 HEADER = "splitk_reduce.cuh"
 KERNEL = "splitk_reduce_kernel"
@@ -25,8 +23,6 @@ ROWS_TILE = (8, 8, 64)  # used when N <= 8: large batches, few splits
 SPLITS_TILE = (1, 16, 64)  # used when N > 8: few rows, many splits
 BLOCK_D = 64  # head_dim must be a multiple of it
 MAX_ROWS_TILE_SPLITS = 8
-# Programs per column block = min(row blocks, ROW_PROGRAMS_PER_SM * SMs); None: one per row block.
-ROW_PROGRAMS_PER_SM: int | None = None
 MAX_GRID_YZ = 65535
 MAX_INT32 = 2**31 - 1
 C_TYPES: dict[torch.dtype, str] = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -96,6 +92,11 @@ def combine_reasons(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: t
         )
     if max(_max_offset(partial_out), _max_offset(partial_lse), out.numel()) > MAX_INT32:
         reasons.append("tilecpp's combine needs every element offset to fit in int32")
+    block_r = combine_tile(num_splits)[0]
+    if cdiv(batch * heads, block_r) > MAX_GRID_YZ:
+        reasons.append(
+            f"tilecpp's combine handles at most {MAX_GRID_YZ * block_r} (batch, head) rows with {num_splits} splits"
+        )
     if not reasons:
         kernel = combine_kernel(partial_out.dtype, out.dtype, combine_tile(num_splits))
         if not kernel.available(device_arch(out.device)):
@@ -106,16 +107,6 @@ def combine_reasons(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: t
     return reasons
 
 
-def row_programs(rows: int, tile: tuple[int, int, int], head_dim: int, device: torch.device, per_sm: int | None) -> int:
-    """Programs per column block: one per row block, or with ``per_sm`` (default
-    ``ROW_PROGRAMS_PER_SM``) at most ``per_sm`` x SMs programs in all; each loops over the rest."""
-    per_sm = per_sm or ROW_PROGRAMS_PER_SM
-    programs = min(cdiv(rows, tile[0]), MAX_GRID_YZ)
-    if per_sm is None:
-        return programs
-    return max(1, min(programs, per_sm * multiprocessor_count(device) // (head_dim // tile[2])))
-
-
 def launch_combine(
     partial_out: torch.Tensor,
     partial_lse: torch.Tensor,
@@ -123,11 +114,10 @@ def launch_combine(
     out_lse: torch.Tensor | None,
     *,
     tile: tuple[int, int, int] | None = None,
-    row_programs_per_sm: int | None = None,
 ) -> None:
     """Merge partials [B,H,N,D] (+ lse [B,H,N]) into ``out`` [B,H,D]; also the lse [B,H] when given.
 
-    ``tile`` and ``row_programs_per_sm`` override the defaults (benchmarks; the tile must be built)."""
+    ``tile`` overrides the default tile (benchmarks; that variant must be built)."""
     batch, heads, num_splits, head_dim = partial_out.shape
     tile = tile or combine_tile(num_splits)
     kernel = combine_kernel(partial_out.dtype, out.dtype, tile)
@@ -146,7 +136,7 @@ def launch_combine(
         *partial_out.stride()[:3],
         *partial_lse.stride(),
     )
-    grid = (head_dim // tile[2], row_programs(rows, tile, head_dim, device, row_programs_per_sm), 1)
+    grid = (head_dim // tile[2], cdiv(rows, tile[0]), 1)
     kernel.launch(grid, args, torch.cuda.current_stream(device).cuda_stream, device.index)
 
 
