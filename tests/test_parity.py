@@ -82,14 +82,21 @@ BIG_HEADS_CASE = Case(
     8, 128, 8192, dtype=torch.bfloat16, kv_lens=(8192, 0, 1, 4095, 4096, 7000, 9000, -1), device="cuda"
 )
 # On the GPU: the CPU cases again (out-of-range kv_lens can only be caught there), plus large shapes.
-GPU_CASES = [dataclasses.replace(c, device="cuda") for c in CPU_CASES] + [
-    Case(64, 16, 4096, dtype=torch.bfloat16),
-    BIG_HEADS_CASE,
-    Case(32, 64, 1024, dtype=torch.bfloat16, fp8=True),
-    Case(3, 16, 5000, dtype=torch.float16, kv_lens=(5000, 4999, 17), return_lse=True),
-    Case(1, 16, 32768, dtype=torch.bfloat16),
-    Case(16, 16, 2048, dtype=torch.bfloat16, fused=False, kv_len_per_split=256),
-]
+GPU_CASES = (
+    [dataclasses.replace(c, device="cuda") for c in CPU_CASES]
+    + [
+        dataclasses.replace(c, device="cuda")
+        for c in (
+            Case(64, 16, 4096, dtype=torch.bfloat16),
+            Case(32, 64, 1024, dtype=torch.bfloat16, fp8=True),
+            Case(8, 128, 2048, dtype=torch.bfloat16, fp8=True, kv_lens=(2048, 0, 1, 100, 2047, 1500, 3000, 64)),
+            Case(3, 16, 5000, dtype=torch.float16, kv_lens=(5000, 4999, 17), return_lse=True),
+            Case(1, 16, 32768, dtype=torch.bfloat16),
+            Case(16, 16, 2048, dtype=torch.bfloat16, fused=False, kv_len_per_split=256),
+        )
+    ]
+    + [BIG_HEADS_CASE]
+)
 GRID = [pytest.param(c, id=c.id) for c in CPU_CASES] + [
     pytest.param(c, id=c.id, marks=pytest.mark.gpu) for c in GPU_CASES
 ]
