@@ -28,6 +28,7 @@ import torch
 
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
 from tilegym.ops.contract import validate_mla_decoding
+from tilegym.ops.tilecpp import splitk_reduce as combine_module
 from tilegym.ops.tilecpp.loader import cache_dir, toolchain_problem
 from tilegym.ops.tilecpp.mla_decoding_split_kv import (
     DTYPES,
@@ -39,7 +40,7 @@ from tilegym.ops.tilecpp.mla_decoding_split_kv import (
     split_plan,
 )
 from tilegym.ops.tilecpp.mla_decoding_split_kv import mla_decoding_split_kv as tilecpp_mla
-from tilegym.ops.tilecpp.splitk_reduce import combine_kernel, launch_combine
+from tilegym.ops.tilecpp.splitk_reduce import DTYPE_PAIRS, combine_kernel, launch_combine
 from tilegym.testing import mla_decode_float64, relative_error
 from tilegym.utils import cdiv
 
@@ -328,6 +329,9 @@ def precompile_extras(arch: str) -> None:
             print(split_kv_kernel(dtype, config).compile(arch))
     for tile in COMBINE_TILES:
         print(combine_kernel(torch.float32, torch.bfloat16, tile).compile(arch))
+    for tile in ROUND3_TILES:
+        for in_dtype, out_dtype in DTYPE_PAIRS:
+            print(combine_kernel(in_dtype, out_dtype, tile).compile(arch))
 
 
 # ----------------------------------------------------------------------------- round 2: the combine
@@ -450,10 +454,184 @@ def round2_bench() -> list[tuple]:
     return rows
 
 
+# ----------------------------------------------------------------------------- round 3: 2-D combine
+# Rows-kernel tiles (BLOCK_R rows, BLOCK_D columns): a runtime loop over the splits, no split axis.
+ROUND3_TILES = [(16, 64), (32, 64), (64, 64), (16, 128), (32, 128), (64, 128)]
+ROUND3_SHAPES = [(64, 4096, 16), (32, 1024, 16), (64, 1024, 16), (4, 1024, 16), (1, 32768, 16)]
+V2_DEFAULTS = (combine_module.ROWS_TILE, combine_module.SPLITS_TILE)  # (few splits, many splits)
+MIN_GAIN = 0.02  # a new default must beat the old by 2 % (end to end, summed over its regime's shapes)
+
+
+def combine_case(b: int, h: int, n: int, in_dtype: torch.dtype, seed: int, *, n_alloc: int | None = None) -> tuple:
+    """Random partials [B,H,N,D] (a view of [B,H,n_alloc,D] when given) and lse with an all-empty
+    row (0, 0) and empty splits in the last row."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    partial = torch.randn(b, h, n_alloc or n, D, generator=g, device=DEV).to(in_dtype)[:, :, :n]
+    lse = torch.randn(b, h, n, generator=g, device=DEV) * 3
+    lse[0, 0, :] = float("-inf")
+    lse[-1, -1, ::2] = float("-inf")
+    return partial, lse
+
+
+def check_combine(
+    partial: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dtype, tile: tuple | None, label: str
+) -> None:
+    """One launch (``tile``; None = the library default) vs a float64 merge: output and lse."""
+    b, h = partial.shape[:2]
+    out = torch.full((b, h, D), float("nan"), dtype=out_dtype, device=DEV)
+    out_lse = torch.full((b, h), float("nan"), device=DEV)
+    launch_combine(partial, lse, out, out_lse, tile=tile)
+    torch.cuda.synchronize()
+    err = relative_error(out, merged_float64(partial, lse))
+    top = lse.double().amax(-1)
+    ref_lse = top + torch.log(torch.exp(lse.double() - top.clamp_min(-1e300).unsqueeze(-1)).sum(-1))
+    finite = torch.isfinite(top)
+    lse_err = (out_lse.double()[finite] - ref_lse[finite]).abs().max().item()
+    tol = 1e-5 if out_dtype == torch.float32 else TOL[out_dtype] / 2
+    ok = err < tol and lse_err < 1e-4 and bool(torch.isneginf(out_lse[~finite]).all())
+    ok = ok and bool((out[0, 0] == 0).all()) and bool(torch.isfinite(out).all())
+    record(ok, label, f"rel.err {err:.2e} lse {lse_err:.1e}")
+
+
+def check_round3_combines() -> None:
+    """Every 2-D tile: combine alone (f32 -> bf16/fp16, N = 1, 2, 16, 128, empty rows and splits,
+    rows not a multiple of the tile, a row stride that is not N * D), then end to end vs the oracle."""
+    print("== round 3: 2-D combine tiles vs float64", flush=True)
+    for tile in ROUND3_TILES:
+        for out_dtype in DTYPES:
+            for b, h, n in ((3, 5, 1), (70, 16, 2), (4, 16, 16), (1, 16, 128)):
+                partial, lse = combine_case(b, h, n, torch.float32, n + b)
+                check_combine(partial, lse, out_dtype, tile, f"combine {tile} B={b} H={h} N={n} {str(out_dtype)[6:]}")
+        partial, lse = combine_case(5, 16, 3, torch.float32, 11, n_alloc=7)
+        check_combine(partial, lse, torch.bfloat16, tile, f"combine {tile} N=3 of 7 (row stride 7*D)")
+        for dtype in DTYPES:
+            check_round3_end_to_end(tile, dtype)
+
+
+def check_round3_end_to_end(tile: tuple, dtype: torch.dtype) -> None:
+    """MLA through ``tile`` (N = 2 and N = 16), with empty and out-of-range kv_lens, vs the oracle."""
+    for b, s, h in ((64, 1024, 16), (4, 1024, 16)):
+        for lens in (None, [0, s // 3 + 1, -7, 10000] * (b // 4)):
+            x = inputs(b, h, s, dtype, 40)
+            kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
+            out = torch.full((b, h, D), float("nan"), dtype=dtype, device=DEV)
+            call = validate_mla_decoding(**x, kv_lens=kv_lens, return_lse=True, out=out)
+            lse = tilecpp_mla(call, combine_tile=tile)
+            rows = 4
+            sub = {k: v[:rows] for k, v in x.items()}
+            ref, ref_lse = mla_decode_float64(**sub, kv_lens=None if kv_lens is None else kv_lens[:rows])
+            err = relative_error(out[:rows], ref)
+            finite = torch.isfinite(ref_lse)
+            lse_err = (lse[:rows].cpu().double()[finite] - ref_lse[finite]).abs().max().item()
+            lse_inf_ok = bool(torch.isneginf(lse[:rows].cpu()[~finite]).all())
+            ok = err < TOL[dtype] and lse_err < 1e-2 and lse_inf_ok and bool(torch.isfinite(out).all())
+            label = f"mla {(b, s, h)} {str(dtype)[6:]} combine {tile} lens={lens is not None}"
+            record(ok, label, f"rel.err {err:.2e} lse {lse_err:.1e}")
+
+
+def check_public_splitk() -> None:
+    """The public splitk_reduce op with the current defaults: every dtype pair, a strided view whose
+    (batch, head) axes do not flatten (split-axis fallback), N = 1..128."""
+    print(f"== public splitk_reduce, defaults {combine_module.default_tiles()}", flush=True)
+    for in_dtype, out_dtype in DTYPE_PAIRS:
+        for n in (1, 2, 5, 9, 128):
+            check_splitk(3, 5, n, 512, in_dtype, out_dtype)
+    partial = torch.randn(6, 8, 2, D, device=DEV)[::2]  # batch stride != heads * head stride
+    lse = torch.randn(3, 8, 2, device=DEV)
+    out = torch.empty(3, 8, D, dtype=torch.bfloat16, device=DEV)
+    splitk_reduce(partial, lse, out=out, backend="tilecpp")
+    err = relative_error(out, merged_float64(partial, lse))
+    record(err < TOL[torch.bfloat16] / 2, "splitk_reduce strided batch (fallback tile)", f"rel.err {err:.2e}")
+
+
+def round3_shape(b: int, s: int, h: int, tiles: list[tuple]) -> dict[tuple, tuple[float, float, float]]:
+    """Split stage alone, then per combine tile: (both stages, again, the combine alone) in us."""
+    set_bytes = b * s * (D + P) * 2
+    sets = max(1, min(8, math.ceil(200e6 / set_bytes)))
+    calls = [validate_mla_decoding(**inputs(b, h, s, torch.bfloat16, 100 + i)) for i in range(sets)]
+    plan = split_plan(calls[0], SMALL_HEADS)
+    kernel = split_kv_kernel(torch.bfloat16, SMALL_HEADS)
+    partials = (torch.randn(b, h, plan.num_splits, D, device=DEV), torch.randn(b, h, plan.num_splits, device=DEV))
+    per_graph = sets * max(1, 4 // sets)
+    state = {"i": 0}
+
+    def split_stage() -> None:
+        launch_split_kv(calls[state["i"] % sets], kernel, SMALL_HEADS, plan, partials, None)
+        state["i"] += 1
+
+    results = {"split": (time_graph(split_stage, calls_per_graph=per_graph), plan.num_splits)}
+    for tile in tiles:
+
+        def both(tile: tuple = tile) -> None:
+            tilecpp_mla(calls[state["i"] % sets], combine_tile=tile)
+            state["i"] += 1
+
+        def combine_only(tile: tuple = tile) -> None:
+            launch_combine(*partials, calls[0].out, None, tile=tile)
+
+        us = time_graph(both, calls_per_graph=per_graph)
+        again = time_graph(both, calls_per_graph=per_graph)
+        results[tile] = (us, again, time_graph(combine_only, calls_per_graph=20))
+        print(f"  {(b, s, h)} N={plan.num_splits} {tile}: {results[tile]}", flush=True)
+    return results
+
+
+def choose_defaults(timings: dict) -> tuple[tuple, tuple]:
+    """Per regime (N <= 8, N > 8): the tile with the least end-to-end time summed over the regime's
+    shapes, if it passed every check and beats v2's tile by MIN_GAIN; else v2's tile."""
+    chosen = []
+    for regime, old in enumerate(V2_DEFAULTS):
+        shapes = [t for t in timings.values() if (t["split"][1] > combine_module.MAX_ROWS_TILE_SPLITS) == regime]
+        total = {tile: sum(min(t[tile][:2]) for t in shapes) for tile in [old, *ROUND3_TILES]}
+        clean = [tile for tile in ROUND3_TILES if not any(str(tile) in f for f in FAILURES)]
+        best = min(clean, key=total.get, default=old)
+        chosen.append(best if total[best] < (1 - MIN_GAIN) * total[old] else old)
+        print(f"regime {'N > 8' if regime else 'N <= 8'}: summed us {total}; chosen {chosen[-1]}", flush=True)
+    return chosen[0], chosen[1]
+
+
+def round3_bench() -> tuple[tuple, tuple]:
+    """Old vs new at ROUND3_SHAPES (graph replay, bf16); the table; the chosen defaults."""
+    print("== round 3: timings (bf16, graph replay)", flush=True)
+    timings = {shape: round3_shape(*shape, tiles=[*V2_DEFAULTS, *ROUND3_TILES]) for shape in ROUND3_SHAPES}
+    print("\nus = both stages (again = 2nd measurement), split = stage 1 alone, comb = combine alone (20 per graph)")
+    print(f"{'(B, S, H)':16s} {'N':>4s} {'tile':12s} {'us':>7s} {'again':>7s} {'split':>7s} {'comb':>7s}")
+    for shape, t in timings.items():
+        split_us, n = t["split"]
+        for tile, (us, again, comb) in t.items():
+            if tile != "split":
+                print(f"{str(shape):16s} {n:4d} {str(tile):12s} {us:7.1f} {again:7.1f} {split_us:7.1f} {comb:7.2f}")
+    return choose_defaults(timings)
+
+
+def round3(out_dir: str | None) -> None:
+    """Checks, old-vs-new timings; if a default changes: public-op checks and the two bench suites."""
+    check_round3_combines()
+    few, many = round3_bench()
+    if (few, many) == V2_DEFAULTS:
+        print("defaults unchanged: no benchmark re-run", flush=True)
+        return
+    combine_module.FEW_SPLITS_TILE, combine_module.MANY_SPLITS_TILE = few, many
+    check_public_splitk()
+    if FAILURES:
+        print("failures: no benchmark re-run", flush=True)
+        return
+    if out_dir:
+        with open(f"{out_dir}/chosen_defaults.txt", "w") as f:
+            f.write(f"FEW_SPLITS_TILE = {few}\nMANY_SPLITS_TILE = {many}\n")
+    from tilegym.bench import main as bench_main
+
+    for suite in ("deepseek", "amd-mixed-mla"):
+        print(f"== bench {suite} with defaults {(few, many)}", flush=True)
+        if bench_main(["--suite", suite, "--out-dir", f"benchmarks/results/{suite}"]) != 0:
+            FAILURES.append(f"bench {suite} reported a failure")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--round2", action="store_true", help="only the round-2 combine checks and timings")
+    parser.add_argument("--round3", metavar="OUT_DIR", help="round-3 combine checks, timings, bench if adopted")
     parser.add_argument("--precompile-extras", metavar="ARCH", help="build benchmark-only variants, then exit")
     args = parser.parse_args()
     if args.precompile_extras:
@@ -462,6 +640,14 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; cache {cache_dir()}")
     print(f"toolchain: {toolchain_problem() or 'Tile-capable nvcc found'}", flush=True)
+    if args.round3:
+        try:
+            round3(args.round3)
+        except Exception as exc:
+            traceback.print_exc()
+            FAILURES.append(f"round3: {type(exc).__name__}: {exc}")
+        print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
+        return 1 if FAILURES else 0
     if args.round2:
         for stage in (check_combine_tiles, round2_bench):
             try:

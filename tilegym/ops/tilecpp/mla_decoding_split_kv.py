@@ -21,9 +21,9 @@ from tilegym.ops.tilecpp.loader import TileCppKernel
 from tilegym.ops.tilecpp.splitk_reduce import (
     C_TYPES,
     MAX_GRID_YZ,
-    ROWS_TILE,
-    SPLITS_TILE,
+    Tile,
     combine_kernel,
+    default_tiles,
     device_arch,
     launch_combine,
     on_device,
@@ -131,7 +131,7 @@ def supports(call: MLADecodeCall) -> list[str]:
         return reasons
     arch = device_arch(call.device)
     kernels = [("split-KV", split_kv_kernel(call.q.dtype, config))]
-    kernels += [("combine", combine_kernel(torch.float32, call.q.dtype, tile)) for tile in (ROWS_TILE, SPLITS_TILE)]
+    kernels += [("combine", combine_kernel(torch.float32, call.q.dtype, tile)) for tile in default_tiles()]
     for stage, kernel in kernels:
         if not kernel.available(arch):
             reasons.append(
@@ -188,7 +188,7 @@ def mla_decoding_split_kv(
     *,
     config: TileConfig | None = None,
     kv_len_per_split: int | None = None,
-    combine_tile: tuple[int, int, int] | None = None,
+    combine_tile: Tile | None = None,
 ) -> torch.Tensor | None:
     """Run the op; the keyword arguments override the defaults (benchmarks)."""
     config = config or choose_config(call.heads)

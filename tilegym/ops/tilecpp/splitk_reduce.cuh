@@ -85,3 +85,70 @@ __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, c
     ct::store_masked(out_lse + r_col, lse, r_ok2);
   }
 }
+
+// 2-D combine over a [rows, N, D] view (round 3): no split axis in the tile.
+//
+// One program = (BLOCK_D columns, BLOCK_R consecutive rows). A runtime loop walks the N splits
+// one at a time: per split it loads the lse column [BLOCK_R, 1] and the partial tile
+// [BLOCK_R, BLOCK_D] (each row's columns contiguous, rows po_sr apart) and folds them into a
+// running max / rescaled float32 sum, as above. Rows are addressed as r * po_sr (no division by
+// heads): the launcher uses it when the [B, H] axes flatten to one row axis (always for the
+// split-KV launcher's own contiguous [B, H, N, D] partials, where po_sr = N * D, po_sn = D).
+//
+// Memory traffic per program: reads BLOCK_R * N * (BLOCK_D * sizeof(TIn) + 4) B, writes
+// BLOCK_R * BLOCK_D * sizeof(TOut) B (+ BLOCK_R * 4 B of lse from the first column block).
+// Whole launch: rows * N * D * sizeof(TIn) read + rows * D * sizeof(TOut) written (+ the lse
+// once per column block). Same requirements as above (head_dim % BLOCK_D == 0, 16-byte rows,
+// int32 offsets; out contiguous [rows, D]).
+template <typename TIn, typename TOut, int BLOCK_R, int BLOCK_D>
+__tile_global__ void splitk_reduce_rows_kernel(const TIn* __restrict__ partial_out,
+                                               const float* __restrict__ partial_lse, TOut* __restrict__ out,
+                                               float* __restrict__ out_lse, int rows, int num_splits, int head_dim,
+                                               int write_lse, long long po_sr, long long po_sn, long long lse_sr,
+                                               long long lse_sn) {
+  namespace ct = cuda::tiles;
+  using i32_R = ct::tile<int, ct::shape<BLOCK_R>>;
+  using i32_D = ct::tile<int, ct::shape<BLOCK_D>>;
+  using f32_R1 = ct::tile<float, ct::shape<BLOCK_R, 1>>;
+  using f32_RD = ct::tile<float, ct::shape<BLOCK_R, BLOCK_D>>;
+
+  constexpr int kVec = 16 / sizeof(TIn);  // elements per 16-byte vector
+  partial_out = ct::assume_aligned<16>(partial_out);
+  po_sr = ct::assume_divisible<kVec>(po_sr);
+  po_sn = ct::assume_divisible<kVec>(po_sn);
+
+  const int d0 = ct::bid().x * BLOCK_D;
+  const int r0 = ct::bid().y * BLOCK_R;
+  auto r_col = ct::reshape(ct::iota<i32_R>(), ct::shape<BLOCK_R, 1>{});
+  auto d_row = ct::reshape(ct::iota<i32_D>(), ct::shape<1, BLOCK_D>{});
+  auto r_ok = (r_col + r0) < rows;
+  // The block's base pointers carry the 64-bit offsets; offsets inside a tile are small int32.
+  const TIn* po_block = partial_out + r0 * po_sr + d0;
+  const float* lse_block = partial_lse + r0 * lse_sr;
+  auto po_offs = r_col * (int)po_sr + d_row;
+  auto lse_offs = r_col * (int)lse_sr;
+
+  auto m = ct::full<f32_R1>(-INFINITY);  // running max of lse (natural log)
+  auto total = ct::zeros<f32_R1>();      // running sum of exp(lse - m)
+  auto acc = ct::zeros<f32_RD>();        // running sum of exp(lse - m) * partial
+  for (int n : ct::irange(0, num_splits)) {
+    auto lse = ct::load_masked(lse_block + n * lse_sn + lse_offs, r_ok, -INFINITY);
+    auto part = ct::element_cast<float>(ct::load_masked(po_block + n * po_sn + po_offs, r_ok, TIn(0)));
+    auto m_new = ct::max(m, lse);
+    // While every split so far is empty, m_new is -inf: shift by 0 instead (no inf - inf).
+    auto shift = ct::select(m_new == -INFINITY, ct::zeros<f32_R1>(), m_new);
+    auto alpha = ct::exp2((m - shift) * tilegym::kLog2e);
+    auto w = ct::exp2((lse - shift) * tilegym::kLog2e);
+    total = total * alpha + w;
+    acc = acc * alpha + w * part;
+    m = m_new;
+  }
+  auto nonempty = total > 0.0f;
+  auto merged = ct::select(nonempty, acc / ct::select(nonempty, total, ct::full<f32_R1>(1.0f)), ct::zeros<f32_RD>());
+  TOut* out_block = out + ((long long)r0 * head_dim + d0);
+  ct::store_masked(out_block + (r_col * head_dim + d_row), ct::element_cast<TOut>(merged), r_ok);
+  if (write_lse && d0 == 0) {
+    auto lse = ct::select(nonempty, m + ct::log2(total) * tilegym::kLn2, ct::full<f32_R1>(-INFINITY));
+    ct::store_masked(out_lse + r0 + r_col, lse, r_ok);
+  }
+}

@@ -1,8 +1,10 @@
 """Launcher of the Tile C++ split-KV combine (``splitk_reduce.cuh``).
 
 Used as the second stage of ``mla_decoding_split_kv`` and registered on its own for the
-``splitk_reduce`` op. Variants: (partial dtype, output dtype) pair x tile shape, where the
-shape is "many rows" for few splits and "one row" for many splits.
+``splitk_reduce`` op. Two kernels: the split-axis kernel (3-D tile (rows, splits, columns), rows
+addressed as (batch, head)) and the rows kernel (2-D tile (rows, columns) over a flattened
+[B*H] row axis, a runtime loop over the splits). A tile's length names its kernel. Variants:
+(partial dtype, output dtype) pair x tile; the default tile depends on the split count.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ from tilegym.utils import cdiv
 
 HEADER = "splitk_reduce.cuh"
 KERNEL = "splitk_reduce_kernel"
-# (BLOCK_R rows, BLOCK_S splits, BLOCK_D columns) per program and step.
-ROWS_TILE = (8, 8, 64)  # used when N <= 8: large batches, few splits
-SPLITS_TILE = (1, 16, 64)  # used when N > 8: few rows, many splits
-BLOCK_D = 64  # head_dim must be a multiple of it
+ROWS_KERNEL = "splitk_reduce_rows_kernel"
+Tile = tuple[int, ...]  # (BLOCK_R, BLOCK_S, BLOCK_D): split-axis kernel; (BLOCK_R, BLOCK_D): rows kernel
+# Split-axis tiles, also the fallback when the (batch, head) axes do not flatten to one row axis.
+ROWS_TILE = (8, 8, 64)  # N <= 8: large batches, few splits
+SPLITS_TILE = (1, 16, 64)  # N > 8: few rows, many splits
+# Library defaults per split count (benchmarks/NOTES_tilecpp.md).
+FEW_SPLITS_TILE: Tile = ROWS_TILE  # N <= MAX_ROWS_TILE_SPLITS
+MANY_SPLITS_TILE: Tile = SPLITS_TILE  # N > MAX_ROWS_TILE_SPLITS
+BLOCK_D = 64  # head_dim must be a multiple of it (the smallest column block of any tile)
 MAX_ROWS_TILE_SPLITS = 8
 MAX_GRID_YZ = 65535
 MAX_INT32 = 2**31 - 1
@@ -37,20 +44,66 @@ DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
 
 
 @functools.cache
-def combine_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, tile: tuple[int, int, int]) -> TileCppKernel:
+def combine_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, tile: Tile) -> TileCppKernel:
     """The combine kernel for partials of ``in_dtype`` written as ``out_dtype`` with ``tile``."""
     cin, cout = C_TYPES[in_dtype], C_TYPES[out_dtype]
-    params = (f"const {cin}*", "const float*", f"{cout}*", "float*", *("int",) * 5, *("long long",) * 6)
-    return TileCppKernel(HEADER, KERNEL, (cin, cout, *tile), params)
+    pointers = (f"const {cin}*", "const float*", f"{cout}*", "float*")
+    if len(tile) == 2:
+        return TileCppKernel(HEADER, ROWS_KERNEL, (cin, cout, *tile), (*pointers, *("int",) * 4, *("long long",) * 4))
+    return TileCppKernel(HEADER, KERNEL, (cin, cout, *tile), (*pointers, *("int",) * 5, *("long long",) * 6))
 
 
-def combine_tile(num_splits: int) -> tuple[int, int, int]:
+def combine_tile(num_splits: int) -> Tile:
+    """The default tile for ``num_splits`` splits."""
+    return FEW_SPLITS_TILE if num_splits <= MAX_ROWS_TILE_SPLITS else MANY_SPLITS_TILE
+
+
+def fallback_tile(num_splits: int) -> Tile:
+    """The split-axis tile for layouts the rows kernel cannot address."""
     return ROWS_TILE if num_splits <= MAX_ROWS_TILE_SPLITS else SPLITS_TILE
+
+
+def default_tiles() -> tuple[Tile, Tile]:
+    """The default tiles for few and for many splits."""
+    return FEW_SPLITS_TILE, MANY_SPLITS_TILE
+
+
+def library_tiles() -> list[Tile]:
+    """Every tile the library may launch: the defaults and the split-axis fallbacks."""
+    return list(dict.fromkeys((*default_tiles(), ROWS_TILE, SPLITS_TILE)))
 
 
 def all_kernels() -> list[TileCppKernel]:
     """Every combine variant the library may launch."""
-    return [combine_kernel(i, o, tile) for i, o in DTYPE_PAIRS for tile in (ROWS_TILE, SPLITS_TILE)]
+    return [combine_kernel(i, o, tile) for i, o in DTYPE_PAIRS for tile in library_tiles()]
+
+
+def _flat_row_stride(t: torch.Tensor) -> int | None:
+    """Stride of the flattened (batch, head) row axis of ``t`` [B, H, ...], None if they do not flatten."""
+    batch, heads = t.shape[:2]
+    if heads == 1:
+        return t.stride(0)
+    if batch == 1 or t.stride(0) == heads * t.stride(1):
+        return t.stride(1)
+    return None
+
+
+def row_strides(partial_out: torch.Tensor, partial_lse: torch.Tensor, block_r: int) -> tuple[int, int] | None:
+    """(partial_out, partial_lse) strides of the flattened row axis, when the rows kernel can use them."""
+    strides = (_flat_row_stride(partial_out), _flat_row_stride(partial_lse))
+    if None in strides or any(block_r * s > MAX_INT32 for s in strides):
+        return None
+    return strides
+
+
+def launch_tile(partial_out: torch.Tensor, partial_lse: torch.Tensor, tile: Tile | None = None) -> Tile:
+    """``tile`` (default: the split count's), or the split-axis fallback when the rows kernel cannot
+    address these tensors (rows that do not flatten, a head dim that is not a multiple of its columns)."""
+    num_splits, head_dim = partial_out.shape[2:]
+    tile = tile or combine_tile(num_splits)
+    if len(tile) == 2 and (head_dim % tile[1] or row_strides(partial_out, partial_lse, tile[0]) is None):
+        return fallback_tile(num_splits)
+    return tile
 
 
 def device_arch(device: torch.device) -> str:
@@ -92,13 +145,13 @@ def combine_reasons(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: t
         )
     if max(_max_offset(partial_out), _max_offset(partial_lse), out.numel()) > MAX_INT32:
         reasons.append("tilecpp's combine needs every element offset to fit in int32")
-    block_r = combine_tile(num_splits)[0]
-    if cdiv(batch * heads, block_r) > MAX_GRID_YZ:
+    tile = launch_tile(partial_out, partial_lse)
+    if cdiv(batch * heads, tile[0]) > MAX_GRID_YZ:
         reasons.append(
-            f"tilecpp's combine handles at most {MAX_GRID_YZ * block_r} (batch, head) rows with {num_splits} splits"
+            f"tilecpp's combine handles at most {MAX_GRID_YZ * tile[0]} (batch, head) rows with {num_splits} splits"
         )
     if not reasons:
-        kernel = combine_kernel(partial_out.dtype, out.dtype, combine_tile(num_splits))
+        kernel = combine_kernel(partial_out.dtype, out.dtype, tile)
         if not kernel.available(device_arch(out.device)):
             reasons.append(
                 f"no cached cubin for the combine {partial_out.dtype} -> {out.dtype} on {device_arch(out.device)} "
@@ -113,30 +166,30 @@ def launch_combine(
     out: torch.Tensor,
     out_lse: torch.Tensor | None,
     *,
-    tile: tuple[int, int, int] | None = None,
+    tile: Tile | None = None,
 ) -> None:
     """Merge partials [B,H,N,D] (+ lse [B,H,N]) into ``out`` [B,H,D]; also the lse [B,H] when given.
 
     ``tile`` overrides the default tile (benchmarks; that variant must be built)."""
     batch, heads, num_splits, head_dim = partial_out.shape
-    tile = tile or combine_tile(num_splits)
+    tile = launch_tile(partial_out, partial_lse, tile)
     kernel = combine_kernel(partial_out.dtype, out.dtype, tile)
     device = out.device
     rows = batch * heads
-    args = (
+    pointers = (
         partial_out.data_ptr(),
         partial_lse.data_ptr(),
         out.data_ptr(),
         0 if out_lse is None else out_lse.data_ptr(),
-        rows,
-        heads,
-        num_splits,
-        head_dim,
-        int(out_lse is not None),
-        *partial_out.stride()[:3],
-        *partial_lse.stride(),
     )
-    grid = (head_dim // tile[2], cdiv(rows, tile[0]), 1)
+    if len(tile) == 2:
+        po_sr, lse_sr = row_strides(partial_out, partial_lse, tile[0])
+        sizes = (rows, num_splits, head_dim, int(out_lse is not None))
+        args = (*pointers, *sizes, po_sr, partial_out.stride(2), lse_sr, partial_lse.stride(2))
+    else:
+        sizes = (rows, heads, num_splits, head_dim, int(out_lse is not None))
+        args = (*pointers, *sizes, *partial_out.stride()[:3], *partial_lse.stride())
+    grid = (head_dim // tile[-1], cdiv(rows, tile[0]), 1)
     kernel.launch(grid, args, torch.cuda.current_stream(device).cuda_stream, device.index)
 
 
