@@ -12,6 +12,8 @@ then on the GPU machine, from the repo root:
    splitk_reduce alone (empty splits, dtype mixes). Determinism. CUDA-graph capture/replay.
 2. Ceiling measured in the same run (device-to-device copy), then graph-replayed timings of
    the benchmark shapes for a few launch configs, table last.
+--round3 OUT_DIR: the 2-D combine tiles (checks, old vs new timings, the default each regime
+   would pick and, if a default changes, the public-op checks and both benchmark suites).
 """
 
 from __future__ import annotations
@@ -458,7 +460,7 @@ def round2_bench() -> list[tuple]:
 # Rows-kernel tiles (BLOCK_R rows, BLOCK_D columns): a runtime loop over the splits, no split axis.
 ROUND3_TILES = [(16, 64), (32, 64), (64, 64), (16, 128), (32, 128), (64, 128)]
 ROUND3_SHAPES = [(64, 4096, 16), (32, 1024, 16), (64, 1024, 16), (4, 1024, 16), (1, 32768, 16)]
-V2_DEFAULTS = (combine_module.ROWS_TILE, combine_module.SPLITS_TILE)  # (few splits, many splits)
+V2_DEFAULTS = (combine_module.ROWS_TILE, combine_module.SPLITS_TILE)  # v2's (few splits, many splits)
 MIN_GAIN = 0.02  # a new default must beat the old by 2 % (end to end, summed over its regime's shapes)
 
 
@@ -598,8 +600,9 @@ def round3_bench() -> tuple[tuple, tuple]:
     print(f"{'(B, S, H)':16s} {'N':>4s} {'tile':12s} {'us':>7s} {'again':>7s} {'split':>7s} {'comb':>7s}")
     for shape, t in timings.items():
         split_us, n = t["split"]
-        for tile, (us, again, comb) in t.items():
+        for tile, times in t.items():
             if tile != "split":
+                us, again, comb = times
                 print(f"{str(shape):16s} {n:4d} {str(tile):12s} {us:7.1f} {again:7.1f} {split_us:7.1f} {comb:7.2f}")
     return choose_defaults(timings)
 

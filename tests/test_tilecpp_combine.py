@@ -38,12 +38,22 @@ def test_row_strides_of_flattenable_layouts() -> None:
 
 
 def test_launch_tile_falls_back_to_the_split_axis_kernel() -> None:
+    bf16 = torch.bfloat16
     out, lse = partials(6, 8, 2)
-    assert combine.launch_tile(out, lse, (32, 64)) == (32, 64)
-    assert combine.launch_tile(out[::2], lse[::2], (32, 64)) == combine.ROWS_TILE  # rows do not flatten
+    assert combine.launch_tile(out, lse, bf16, (32, 64)) == (32, 64)
+    assert combine.launch_tile(out, lse, bf16) == combine.FEW_SPLITS_TILE
+    assert combine.launch_tile(out[::2], lse[::2], bf16, (32, 64)) == combine.ROWS_TILE  # rows do not flatten
+    assert combine.launch_tile(out.to(bf16), lse, bf16, (32, 64)) == combine.ROWS_TILE  # pair not checked
     out, lse = partials(2, 3, 20, 64)
-    assert combine.launch_tile(out, lse, (16, 128)) == combine.SPLITS_TILE  # 64 columns < BLOCK_D
-    assert combine.launch_tile(out, lse) == combine.combine_tile(20)
+    assert combine.launch_tile(out, lse, bf16, (16, 128)) == combine.SPLITS_TILE  # 64 columns < BLOCK_D
+    assert combine.launch_tile(out, lse, bf16) == combine.combine_tile(20)
+
+
+def test_few_splits_default_is_the_rows_kernel_for_float32_partials() -> None:
+    assert len(combine.FEW_SPLITS_TILE) == 2 and len(combine.MANY_SPLITS_TILE) == 3
+    names = {(k.kernel_name, k.template_args[:2]) for k in combine.all_kernels()}
+    assert (combine.ROWS_KERNEL, ("float", "__nv_bfloat16")) in names
+    assert (combine.ROWS_KERNEL, ("__nv_bfloat16", "__nv_bfloat16")) not in names
 
 
 def test_library_builds_the_defaults_and_the_fallbacks() -> None:

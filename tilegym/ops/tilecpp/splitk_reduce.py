@@ -25,8 +25,10 @@ Tile = tuple[int, ...]  # (BLOCK_R, BLOCK_S, BLOCK_D): split-axis kernel; (BLOCK
 # Split-axis tiles, also the fallback when the (batch, head) axes do not flatten to one row axis.
 ROWS_TILE = (8, 8, 64)  # N <= 8: large batches, few splits
 SPLITS_TILE = (1, 16, 64)  # N > 8: few rows, many splits
-# Library defaults per split count (benchmarks/NOTES_tilecpp.md).
-FEW_SPLITS_TILE: Tile = ROWS_TILE  # N <= MAX_ROWS_TILE_SPLITS
+# Library defaults per split count (measured on the H200, benchmarks/NOTES_tilecpp.md round 3): the
+# rows kernel for few splits (N = 2 at 64x4096x16: combine 28.0 -> 3.2 us), the split-axis kernel
+# for many (N = 16, 128: the rows kernel's serial split loop over few rows was slower).
+FEW_SPLITS_TILE: Tile = (16, 64)  # N <= MAX_ROWS_TILE_SPLITS
 MANY_SPLITS_TILE: Tile = SPLITS_TILE  # N > MAX_ROWS_TILE_SPLITS
 BLOCK_D = 64  # head_dim must be a multiple of it (the smallest column block of any tile)
 MAX_ROWS_TILE_SPLITS = 8
@@ -40,6 +42,12 @@ DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
     (torch.float32, torch.float16),
     (torch.bfloat16, torch.bfloat16),
     (torch.float16, torch.float16),
+)
+# Pairs whose rows kernel was checked on the H200 (the split-KV launcher's float32 partials); the
+# others keep the split-axis kernel until checked there.
+ROWS_KERNEL_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float16),
 )
 
 
@@ -75,7 +83,12 @@ def library_tiles() -> list[Tile]:
 
 def all_kernels() -> list[TileCppKernel]:
     """Every combine variant the library may launch."""
-    return [combine_kernel(i, o, tile) for i, o in DTYPE_PAIRS for tile in library_tiles()]
+    return [
+        combine_kernel(i, o, tile)
+        for i, o in DTYPE_PAIRS
+        for tile in library_tiles()
+        if len(tile) == 3 or (i, o) in ROWS_KERNEL_PAIRS
+    ]
 
 
 def _flat_row_stride(t: torch.Tensor) -> int | None:
@@ -96,12 +109,19 @@ def row_strides(partial_out: torch.Tensor, partial_lse: torch.Tensor, block_r: i
     return strides
 
 
-def launch_tile(partial_out: torch.Tensor, partial_lse: torch.Tensor, tile: Tile | None = None) -> Tile:
-    """``tile`` (default: the split count's), or the split-axis fallback when the rows kernel cannot
-    address these tensors (rows that do not flatten, a head dim that is not a multiple of its columns)."""
+def launch_tile(
+    partial_out: torch.Tensor, partial_lse: torch.Tensor, out_dtype: torch.dtype, tile: Tile | None = None
+) -> Tile:
+    """``tile`` (default: the split count's), or the split-axis fallback when the rows kernel is not
+    used for this dtype pair or cannot address these tensors (rows that do not flatten, a head dim
+    that is not a multiple of its columns)."""
     num_splits, head_dim = partial_out.shape[2:]
     tile = tile or combine_tile(num_splits)
-    if len(tile) == 2 and (head_dim % tile[1] or row_strides(partial_out, partial_lse, tile[0]) is None):
+    if len(tile) == 2 and (
+        (partial_out.dtype, out_dtype) not in ROWS_KERNEL_PAIRS
+        or head_dim % tile[1]
+        or row_strides(partial_out, partial_lse, tile[0]) is None
+    ):
         return fallback_tile(num_splits)
     return tile
 
@@ -145,7 +165,7 @@ def combine_reasons(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: t
         )
     if max(_max_offset(partial_out), _max_offset(partial_lse), out.numel()) > MAX_INT32:
         reasons.append("tilecpp's combine needs every element offset to fit in int32")
-    tile = launch_tile(partial_out, partial_lse)
+    tile = launch_tile(partial_out, partial_lse, out.dtype)
     if cdiv(batch * heads, tile[0]) > MAX_GRID_YZ:
         reasons.append(
             f"tilecpp's combine handles at most {MAX_GRID_YZ * tile[0]} (batch, head) rows with {num_splits} splits"
@@ -172,7 +192,7 @@ def launch_combine(
 
     ``tile`` overrides the default tile (benchmarks; that variant must be built)."""
     batch, heads, num_splits, head_dim = partial_out.shape
-    tile = launch_tile(partial_out, partial_lse, tile)
+    tile = launch_tile(partial_out, partial_lse, out.dtype, tile)
     kernel = combine_kernel(partial_out.dtype, out.dtype, tile)
     device = out.device
     rows = batch * heads
