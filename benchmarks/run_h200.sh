@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# One device call on the H200 (<= 9 min): GPU-marked tests, then the deepseek and
-# amd-mixed-mla benchmark suites. Every step is logged to $OUT; a failing step does not
-# stop the next ones; the exit code is non-zero if any step failed.
+# One device call on the H200 (about 4 min): GPU-marked tests, the deepseek and amd-mixed-mla
+# benchmark suites (bf16), the deepseek suite with an fp8 KV cache, and the demo. Every step is
+# logged to $OUT; a failing step does not stop the next ones; the exit code is non-zero if any
+# step failed.
 #
 # Run from the repository root, with the Tile C++ cubins compiled beforehand (on the CPU
 # machine) into .cache/tilecpp and carried along:
 #   run(command="bash benchmarks/run_h200.sh", carry=[".cache/tilecpp"], timeout_s=600)
 #
-# $OUT gets (<= 8 files): 0-info.log, 1-gpu-tests.log, 2-bench-deepseek.log,
-# 3-bench-amd-mixed-mla.log, 4-bench-quick-fp8.log (if time is left), results.tar.gz
-# (benchmarks/results/), and the two bf16 markdown tables. Results also stay in
-# benchmarks/results/<suite>/ (JSON, CSV, markdown, PNG).
+# $OUT gets 7 files: the six step logs (0-info ... 5-demo) and results.tar.gz, the whole of
+# benchmarks/results/ (per suite: JSON, CSV, markdown, PNG; plus the GPU test, info and demo
+# logs), which is what the repository commits.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,26 +35,21 @@ step() {
 }
 
 step 0-info 60 bash -c "nvidia-smi; $PY -m tilegym info; ls -la \"$TILEGYM_CACHE_DIR\" || true"
-step 1-gpu-tests 210 "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -ra tests
+step 1-gpu-tests 210 "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -rfEs -v tests
 step 2-bench-deepseek 150 "$PY" -m tilegym bench --suite deepseek --out-dir benchmarks/results/deepseek
 step 3-bench-amd-mixed-mla 120 "$PY" -m tilegym bench --suite amd-mixed-mla --out-dir benchmarks/results/amd-mixed-mla
-# Optional, only if the call has time left (the device call's limit is 600 s): fp8 KV cache.
-if [ "$SECONDS" -lt 420 ]; then
-    step 4-bench-quick-fp8 90 "$PY" -m tilegym bench --suite quick --kv-dtype fp8 --out-dir benchmarks/results/quick-fp8
-else
-    echo "=== 4-bench-quick-fp8: skipped, ${SECONDS}s used"
-fi
+step 4-bench-deepseek-fp8 120 "$PY" -m tilegym bench --suite deepseek --kv-dtype fp8 --out-dir benchmarks/results/deepseek-fp8
+step 5-demo 120 "$PY" -m tilegym demo
+cp "$OUT/1-gpu-tests.log" benchmarks/results/gpu-tests-h200.log
+cp "$OUT/0-info.log" benchmarks/results/h200-info.log
+cp "$OUT/5-demo.log" benchmarks/results/demo-h200.log
 
 tar czf "$OUT/results.tar.gz" benchmarks/results
-for suite in deepseek amd-mixed-mla; do
-    cp "benchmarks/results/$suite/mla_decoding_split_kv_${suite}_bf16.md" "$OUT/" 2>/dev/null || true
-done
-
 echo
 echo "=== summary"
 grep -E "^(=+ .*(passed|failed|error|skipped).* =+|FAILED|ERROR)" "$OUT/1-gpu-tests.log" | tail -20
 for table in deepseek/mla_decoding_split_kv_deepseek_bf16 amd-mixed-mla/mla_decoding_split_kv_amd-mixed-mla_bf16 \
-    quick-fp8/mla_decoding_split_kv_quick_bf16-kvfp8; do
+    deepseek-fp8/mla_decoding_split_kv_deepseek_bf16-kvfp8; do
     echo "--- $table"
     grep -E "^\| (backend|[a-z]+ \|)" "benchmarks/results/$table.md" 2>/dev/null |
         cut -d'|' -f2-7,10,12-14,17-19 || echo "no results"
