@@ -10,8 +10,7 @@ import torch
 
 from tilegym.backend import register_impl
 from tilegym.ops.contract import MLADecodeCall, SplitKReduceCall
-from tilegym.ops.split_plan import plan_splits
-from tilegym.utils import multiprocessor_count
+from tilegym.ops.split_plan import plan_mla_splits
 
 ALL_VENDORS = ("nvidia", "amd", "cpu")
 
@@ -51,7 +50,7 @@ def merge_splits(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> tuple[
 @register_impl("mla_decoding_split_kv", "torch", vendors=ALL_VENDORS)
 def mla_decoding_split_kv(call: MLADecodeCall) -> torch.Tensor | None:
     batch, seq_len = call.batch, call.seq_len
-    plan = plan_splits(seq_len, batch, multiprocessor_count(call.device), kv_len_per_split=call.kv_len_per_split)
+    plan = plan_mla_splits(call, heads_per_program=call.heads)
     lengths = (
         torch.full((batch,), seq_len, device=call.device) if call.kv_lens is None else call.kv_lens.clamp(0, seq_len)
     )

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tilegym.utils import cdiv, round_up
+from tilegym.utils import cdiv, multiprocessor_count, round_up
+
+if TYPE_CHECKING:
+    from tilegym.ops.contract import MLADecodeCall
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,26 @@ def plan_splits(
     splits = max(1, min(wanted, most))
     length = round_up(cdiv(seq_len, splits), block_n)
     return SplitPlan(length, cdiv(seq_len, length))
+
+
+def plan_mla_splits(
+    call: MLADecodeCall,
+    *,
+    heads_per_program: int,
+    block_n: int = 64,
+    programs_per_sm: int = 2,
+    min_blocks_per_split: int = 2,
+    kv_len_per_split: int | None = None,
+) -> SplitPlan:
+    """``plan_splits`` for an MLA decode call whose programs each hold ``heads_per_program`` heads
+    of one batch row (so a split launches batch x head-group programs). ``kv_len_per_split``
+    overrides the call's own value (benchmarks sweep it)."""
+    return plan_splits(
+        call.seq_len,
+        call.batch * cdiv(call.heads, heads_per_program),
+        multiprocessor_count(call.device),
+        kv_len_per_split=kv_len_per_split or call.kv_len_per_split,
+        block_n=block_n,
+        programs_per_sm=programs_per_sm,
+        min_blocks_per_split=min_blocks_per_split,
+    )

@@ -42,8 +42,7 @@ import torch
 from tilegym.ops.aiter import support
 from tilegym.ops.aiter.metadata import PAGE_SIZE, MetadataCache, MetadataKey
 from tilegym.ops.contract import MLADecodeCall
-from tilegym.ops.split_plan import plan_splits
-from tilegym.utils import multiprocessor_count
+from tilegym.ops.split_plan import plan_mla_splits
 
 METADATA_CACHE = MetadataCache()
 
@@ -93,10 +92,7 @@ def paged_cache(call: MLADecodeCall) -> PagedCache:
 def _max_split_per_batch(call: MLADecodeCall) -> int:
     if call.kv_len_per_split is None:
         return -1
-    plan = plan_splits(
-        call.seq_len, call.batch, multiprocessor_count(call.device), kv_len_per_split=call.kv_len_per_split
-    )
-    return plan.num_splits
+    return plan_mla_splits(call, heads_per_program=call.heads).num_splits
 
 
 def _capturing(device: torch.device) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from tilegym.ops.contract import MLADecodeCall
-from tilegym.ops.split_plan import SplitPlan, plan_splits
+from tilegym.ops.split_plan import SplitPlan, plan_mla_splits
 from tilegym.ops.tilecpp.loader import TileCppKernel
 from tilegym.ops.tilecpp.splitk_reduce import (
     C_TYPES,
@@ -28,7 +28,7 @@ from tilegym.ops.tilecpp.splitk_reduce import (
     launch_combine,
     on_device,
 )
-from tilegym.utils import cdiv, multiprocessor_count
+from tilegym.utils import cdiv
 
 HEADER = "mla_decoding_split_kv.cuh"
 KERNEL = "mla_split_kv_kernel"
@@ -85,14 +85,13 @@ def split_plan(call: MLADecodeCall, config: TileConfig, kv_len_per_split: int | 
     One wave of longer splits beat more, shorter splits in every case measured on the H200
     (benchmarks/NOTES_tilecpp.md); splits may be a single ``block_n`` step long.
     """
-    return plan_splits(
-        call.seq_len,
-        call.batch * cdiv(call.heads, config.block_h),
-        multiprocessor_count(call.device),
-        kv_len_per_split=kv_len_per_split or call.kv_len_per_split,
+    return plan_mla_splits(
+        call,
+        heads_per_program=config.block_h,
         block_n=config.block_n,
         programs_per_sm=config.programs_per_sm,
         min_blocks_per_split=1,
+        kv_len_per_split=kv_len_per_split,
     )
 
 

@@ -33,9 +33,9 @@ import triton
 import triton.language as tl
 
 from tilegym.ops.contract import MLADecodeCall
-from tilegym.ops.split_plan import SplitPlan, plan_splits
+from tilegym.ops.split_plan import SplitPlan, plan_mla_splits
 from tilegym.ops.triton.splitk_reduce import ReduceTiles, splitk_reduce_into
-from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
+from tilegym.utils import cdiv, next_power_of_2
 
 LOG2_E = math.log2(math.e)
 MAX_BLOCK_H = 64
@@ -227,13 +227,8 @@ def _queries_to_fp16(q, qpe):
 
 def split_plan(call: MLADecodeCall, config: KernelConfig) -> SplitPlan:
     """The split plan for this call: ``plan_splits`` with this kernel's programs per split."""
-    return plan_splits(
-        call.seq_len,
-        call.batch * cdiv(call.heads, config.block_h),
-        multiprocessor_count(call.device),
-        kv_len_per_split=call.kv_len_per_split,
-        block_n=config.block_n,
-        programs_per_sm=config.programs_per_sm,
+    return plan_mla_splits(
+        call, heads_per_program=config.block_h, block_n=config.block_n, programs_per_sm=config.programs_per_sm
     )
 
 
