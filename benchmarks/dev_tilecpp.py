@@ -19,8 +19,8 @@ then on the GPU machine, from the repo root:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import torch
 
+from tilegym.bench import HEAD_DIM, ROPE_DIM, Shape, flop_count, traffic_bytes
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.tilecpp import splitk_reduce as combine_module
@@ -43,12 +44,13 @@ from tilegym.ops.tilecpp.mla_decoding_split_kv import (
 )
 from tilegym.ops.tilecpp.mla_decoding_split_kv import mla_decoding_split_kv as tilecpp_mla
 from tilegym.ops.tilecpp.splitk_reduce import DTYPE_PAIRS, combine_kernel, launch_combine
-from tilegym.testing import mla_decode_float64, relative_error
+from tilegym.testing import REL_L2_TOLERANCE as TOL
+from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.timing import time_graph
 from tilegym.utils import cdiv
 
-D, P = 512, 64
+D, P = HEAD_DIM, ROPE_DIM
 DEV = "cuda"
-TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3}  # rel. L2 vs float64
 # Tile configs beyond the library's defaults, built by --precompile-extras.
 EXTRA_CONFIGS = [TileConfig(16, 64, 2), TileConfig(32, 64, 1)]
 ALL_CONFIGS = [SMALL_HEADS, MANY_HEADS, *EXTRA_CONFIGS]
@@ -57,15 +59,17 @@ FAILURES: list[str] = []
 
 
 def inputs(b: int, h: int, s: int, dtype: torch.dtype, seed: int, *, separate: bool = False) -> dict:
-    """Fresh random inputs on the GPU; kv/kpe are views of one [B,S,576] cache unless separate."""
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    q = torch.randn(b, h, D, generator=g, device=DEV).to(dtype)
-    qpe = torch.randn(b, h, P, generator=g, device=DEV).to(dtype)
-    cache = torch.randn(b, s, D + P, generator=g, device=DEV).to(dtype)
-    kv, kpe = cache[..., :D], cache[..., D:]
-    if separate:
-        kv, kpe = kv.contiguous(), kpe.contiguous()
-    return {"q": q, "qpe": qpe, "kv": kv, "kpe": kpe}
+    """``make_mla_inputs`` drawn on the GPU by a seeded GPU generator (a CPU draw of a large cache
+    takes seconds); kv/kpe are views of one [B,S,576] cache unless separate."""
+    with torch.device(DEV):
+        x = make_mla_inputs(b, h, s, D, P, dtype=dtype, device=DEV, generator=torch.Generator(DEV).manual_seed(seed))
+    kv, kpe = (x.kv.contiguous(), x.kpe.contiguous()) if separate else (x.kv, x.kpe)
+    return {"q": x.q, "qpe": x.qpe, "kv": kv, "kpe": kpe}
+
+
+def rotation_sets(b: int, s: int, h: int) -> int:
+    """Input sets to rotate through so that together they do not fit in L2 (at most 8)."""
+    return max(1, min(8, math.ceil(200e6 / traffic_bytes(Shape(b, s, h), 2))))
 
 
 def record(ok: bool, label: str, detail: str) -> None:
@@ -185,40 +189,24 @@ def check_public_api_and_graph() -> None:
 
 
 def copy_bandwidth() -> tuple[float, float]:
-    """(SM copy kernel, graph memcpy node) device-to-device GB/s, counting bytes read + written."""
+    """(SM copy kernel, graph memcpy node) device-to-device GB/s on 1 GiB, bytes read + written.
+
+    Not tilegym.bench.measure_copy_gbps (an eager ``copy_``): the kernels here are timed as graph
+    replays, where a captured ``copy_`` becomes a memcpy node, markedly slower than an SM kernel
+    (NOTES_tilecpp.md); the ceiling is ``torch.mul(src, 1.0, out=dst)``, an SM kernel, and the memcpy
+    node is reported beside it. dev_triton.py --round2 imports it.
+    """
     src = torch.randn(256 * 2**20, device=DEV)  # 1 GiB
     dst = torch.empty_like(src)
-    kernel_us = time_graph(lambda: torch.mul(src, 1.0, out=dst), reps=20)
-    memcpy_us = time_graph(lambda: dst.copy_(src), reps=20)
+    kernel_us = time_graph([lambda: torch.mul(src, 1.0, out=dst)], warmup=1, repeat=20).median_us
+    memcpy_us = time_graph([lambda: dst.copy_(src)], warmup=1, repeat=20).median_us
     nbytes = 2 * src.numel() * 4
     return nbytes / kernel_us / 1e3, nbytes / memcpy_us / 1e3
 
 
-def time_graph(fn, reps: int = 30, calls_per_graph: int = 1) -> float:
-    """Median us per call: a CUDA graph of ``calls_per_graph`` calls, replayed ``reps`` times."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1e3 / calls_per_graph)
-    return statistics.median(samples)
-
-
 def bench_shape(b: int, s: int, h: int, config: TileConfig, split: int | None, copy_gbs: float) -> dict:
     dtype = torch.bfloat16
-    set_bytes = b * s * (D + P) * 2
-    sets = max(1, min(8, math.ceil(200e6 / set_bytes)))  # rotate input sets when they fit in L2
+    sets = rotation_sets(b, s, h)
     calls = [validate_mla_decoding(**inputs(b, h, s, dtype, 100 + i)) for i in range(sets)]
     opts = {"config": config, "kv_len_per_split": split}
     for call in calls:
@@ -248,11 +236,10 @@ def bench_shape(b: int, s: int, h: int, config: TileConfig, split: int | None, c
         state["i"] += 1
 
     per_graph = sets * max(1, 4 // sets)
-    us = time_graph(both_stages, calls_per_graph=per_graph)
-    split_us = time_graph(split_stage, calls_per_graph=per_graph)
-    again_us = time_graph(both_stages, calls_per_graph=per_graph)  # spread of the same measurement
-    nbytes = b * s * (D + P) * 2 + b * h * (D + P) * 2 + b * h * D * 2
-    flops = 2 * b * h * s * (D + P + D)
+    us = time_graph([both_stages] * per_graph, warmup=1, repeat=30).median_us
+    split_us = time_graph([split_stage] * per_graph, warmup=1, repeat=30).median_us
+    again_us = time_graph([both_stages] * per_graph, warmup=1, repeat=30).median_us  # spread of the same
+    nbytes, flops = traffic_bytes(Shape(b, s, h), 2), flop_count(Shape(b, s, h))
     cfg = f"{config.block_h}/{config.block_n}/{config.occupancy} {plan.num_splits}x{plan.kv_len_per_split}"
     return {
         "shape": (b, s, h),
@@ -354,46 +341,19 @@ def check_combine_tiles() -> None:
     print("== round 2: combine tiles vs float64", flush=True)
     for tile in COMBINE_TILES:
         for b, h, n in ((3, 5, 1), (70, 16, 2), (4, 16, 16), (1, 16, 128)):
-            g = torch.Generator(device=DEV).manual_seed(n + b)
-            partial = torch.randn(b, h, n, D, generator=g, device=DEV)
-            lse = torch.randn(b, h, n, generator=g, device=DEV) * 3
-            lse[0, 0, :] = float("-inf")
-            lse[-1, -1, ::2] = float("-inf")
-            out = torch.full((b, h, D), float("nan"), dtype=torch.bfloat16, device=DEV)
-            out_lse = torch.full((b, h), float("nan"), device=DEV)
-            launch_combine(partial, lse, out, out_lse, tile=tile)
-            torch.cuda.synchronize()
-            err = relative_error(out, merged_float64(partial, lse))
-            top = lse.double().amax(-1)
-            ref_lse = top + torch.log(torch.exp(lse.double() - top.clamp_min(-1e300).unsqueeze(-1)).sum(-1))
-            finite = torch.isfinite(top)
-            lse_err = (out_lse.double()[finite] - ref_lse[finite]).abs().max().item()
-            ok = err < TOL[torch.bfloat16] / 2 and lse_err < 1e-4 and bool(torch.isneginf(out_lse[~finite]).all())
-            ok = ok and bool((out[0, 0] == 0).all()) and bool(torch.isfinite(out).all())
-            record(ok, f"combine tile={tile} B={b} H={h} N={n}", f"rel.err {err:.2e} lse {lse_err:.1e}")
+            partial, lse = combine_case(b, h, n, torch.float32, n + b)
+            check_combine(partial, lse, torch.bfloat16, tile, f"combine tile={tile} B={b} H={h} N={n}")
     for (b, s, h), combos in ROUND2_SHAPES.items():
         for tile in combos:
             for lens in (None, [0, s // 3 + 1] * (b // 2) if b > 1 else [s - 5]):
-                x = inputs(b, h, s, torch.bfloat16, 30)
-                kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
-                out = torch.full((b, h, D), float("nan"), dtype=torch.bfloat16, device=DEV)
-                call = validate_mla_decoding(**x, kv_lens=kv_lens, return_lse=True, out=out)
-                lse = tilecpp_mla(call, combine_tile=tile)
-                rows = min(b, 4)
-                sub = {k: v[:rows] for k, v in x.items()}
-                ref, ref_lse = mla_decode_float64(**sub, kv_lens=None if kv_lens is None else kv_lens[:rows])
-                err = relative_error(out[:rows], ref)
-                finite = torch.isfinite(ref_lse)
-                lse_err = (lse[:rows].cpu().double()[finite] - ref_lse[finite]).abs().max().item()
-                ok = err < TOL[torch.bfloat16] and lse_err < 1e-2 and bool(torch.isfinite(out).all())
-                record(ok, f"mla {(b, s, h)} combine {tile} lens={lens is not None}", f"rel.err {err:.2e}")
+                label = f"mla {(b, s, h)} combine {tile} lens={lens is not None}"
+                check_mla_tile(b, s, h, torch.bfloat16, tile, lens, 30, label, neg_inf_rows=False)
 
 
-def round2_shape(b: int, s: int, h: int, tiles: list[tuple[int, int, int]]) -> list[tuple]:
-    """Split stage alone, then per combine variant: both stages twice and the combine alone."""
-    rows = []
-    set_bytes = b * s * (D + P) * 2
-    sets = max(1, min(8, math.ceil(200e6 / set_bytes)))
+def combine_timings(b: int, s: int, h: int, tiles: list[tuple]):
+    """Graph replays over rotating bf16 input sets: the split stage alone, then per combine tile
+    yields (plan, split-stage us, tile, (both stages us, again, the combine alone us))."""
+    sets = rotation_sets(b, s, h)
     calls = [validate_mla_decoding(**inputs(b, h, s, torch.bfloat16, 100 + i)) for i in range(sets)]
     plan = split_plan(calls[0], SMALL_HEADS)
     kernel = split_kv_kernel(torch.bfloat16, SMALL_HEADS)
@@ -405,7 +365,7 @@ def round2_shape(b: int, s: int, h: int, tiles: list[tuple[int, int, int]]) -> l
         launch_split_kv(calls[state["i"] % sets], kernel, SMALL_HEADS, plan, partials, None)
         state["i"] += 1
 
-    split_us = time_graph(split_stage, calls_per_graph=per_graph)
+    split_us = time_graph([split_stage] * per_graph, warmup=1, repeat=30).median_us
     for tile in tiles:
 
         def both(tile: tuple = tile) -> None:
@@ -415,9 +375,16 @@ def round2_shape(b: int, s: int, h: int, tiles: list[tuple[int, int, int]]) -> l
         def combine_only(tile: tuple = tile) -> None:
             launch_combine(*partials, calls[0].out, None, tile=tile)
 
-        us = time_graph(both, calls_per_graph=per_graph)
-        again = time_graph(both, calls_per_graph=per_graph)
-        comb = time_graph(combine_only, calls_per_graph=20)
+        us = time_graph([both] * per_graph, warmup=1, repeat=30).median_us
+        again = time_graph([both] * per_graph, warmup=1, repeat=30).median_us
+        comb = time_graph([combine_only] * 20, warmup=1, repeat=30).median_us
+        yield plan, split_us, tile, (us, again, comb)
+
+
+def round2_shape(b: int, s: int, h: int, tiles: list[tuple[int, int, int]]) -> list[tuple]:
+    """Split stage alone, then per combine variant: both stages twice and the combine alone."""
+    rows = []
+    for plan, split_us, tile, (us, again, comb) in combine_timings(b, s, h, tiles):
         rows.append(((b, s, h), f"{plan.num_splits}x{plan.kv_len_per_split}", tile, us, again, split_us, comb))
         print(f"  {rows[-1]}", flush=True)
     return rows
@@ -435,7 +402,8 @@ def round2_bench() -> list[tuple]:
     call = validate_mla_decoding(**inputs(1, 16, 32768, torch.bfloat16, 200))
     for split in (512, 1024):
         for tile in ((1, 16, 64), (1, 64, 64)):
-            us = time_graph(lambda t=tile, n=split: tilecpp_mla(call, kv_len_per_split=n, combine_tile=t), reps=30)
+            run = functools.partial(tilecpp_mla, call, kv_len_per_split=split, combine_tile=tile)
+            us = time_graph([run], warmup=1, repeat=30).median_us
             rows.append(
                 (
                     (1, 32768, 16),
@@ -514,21 +482,39 @@ def check_round3_end_to_end(tile: tuple, dtype: torch.dtype) -> None:
     """MLA through ``tile`` (N = 2 and N = 16), with empty and out-of-range kv_lens, vs the oracle."""
     for b, s, h in ((64, 1024, 16), (4, 1024, 16)):
         for lens in (None, [0, s // 3 + 1, -7, 10000] * (b // 4)):
-            x = inputs(b, h, s, dtype, 40)
-            kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
-            out = torch.full((b, h, D), float("nan"), dtype=dtype, device=DEV)
-            call = validate_mla_decoding(**x, kv_lens=kv_lens, return_lse=True, out=out)
-            lse = tilecpp_mla(call, combine_tile=tile)
-            rows = 4
-            sub = {k: v[:rows] for k, v in x.items()}
-            ref, ref_lse = mla_decode_float64(**sub, kv_lens=None if kv_lens is None else kv_lens[:rows])
-            err = relative_error(out[:rows], ref)
-            finite = torch.isfinite(ref_lse)
-            lse_err = (lse[:rows].cpu().double()[finite] - ref_lse[finite]).abs().max().item()
-            lse_inf_ok = bool(torch.isneginf(lse[:rows].cpu()[~finite]).all())
-            ok = err < TOL[dtype] and lse_err < 1e-2 and lse_inf_ok and bool(torch.isfinite(out).all())
             label = f"mla {(b, s, h)} {str(dtype)[6:]} combine {tile} lens={lens is not None}"
-            record(ok, label, f"rel.err {err:.2e} lse {lse_err:.1e}")
+            check_mla_tile(b, s, h, dtype, tile, lens, 40, label)
+
+
+def check_mla_tile(
+    b: int,
+    s: int,
+    h: int,
+    dtype: torch.dtype,
+    tile: tuple,
+    lens: list | None,
+    seed: int,
+    label: str,
+    *,
+    neg_inf_rows: bool = True,
+) -> None:
+    """MLA through combine ``tile`` vs the oracle on the first 4 rows (output poisoned with NaN);
+    ``neg_inf_rows=False`` skips the check that empty rows get lse -inf (round 2 did not make it)."""
+    x = inputs(b, h, s, dtype, seed)
+    kv_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=DEV)
+    out = torch.full((b, h, D), float("nan"), dtype=dtype, device=DEV)
+    call = validate_mla_decoding(**x, kv_lens=kv_lens, return_lse=True, out=out)
+    lse = tilecpp_mla(call, combine_tile=tile)
+    rows = min(b, 4)
+    sub = {k: v[:rows] for k, v in x.items()}
+    ref, ref_lse = mla_decode_float64(**sub, kv_lens=None if kv_lens is None else kv_lens[:rows])
+    err = relative_error(out[:rows], ref)
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[:rows].cpu().double()[finite] - ref_lse[finite]).abs().max().item()
+    ok = err < TOL[dtype] and lse_err < 1e-2 and bool(torch.isfinite(out).all())
+    if neg_inf_rows:
+        ok = ok and bool(torch.isneginf(lse[:rows].cpu()[~finite]).all())
+    record(ok, label, f"rel.err {err:.2e} lse {lse_err:.1e}")
 
 
 def check_public_splitk() -> None:
@@ -548,32 +534,10 @@ def check_public_splitk() -> None:
 
 def round3_shape(b: int, s: int, h: int, tiles: list[tuple]) -> dict[tuple, tuple[float, float, float]]:
     """Split stage alone, then per combine tile: (both stages, again, the combine alone) in us."""
-    set_bytes = b * s * (D + P) * 2
-    sets = max(1, min(8, math.ceil(200e6 / set_bytes)))
-    calls = [validate_mla_decoding(**inputs(b, h, s, torch.bfloat16, 100 + i)) for i in range(sets)]
-    plan = split_plan(calls[0], SMALL_HEADS)
-    kernel = split_kv_kernel(torch.bfloat16, SMALL_HEADS)
-    partials = (torch.randn(b, h, plan.num_splits, D, device=DEV), torch.randn(b, h, plan.num_splits, device=DEV))
-    per_graph = sets * max(1, 4 // sets)
-    state = {"i": 0}
-
-    def split_stage() -> None:
-        launch_split_kv(calls[state["i"] % sets], kernel, SMALL_HEADS, plan, partials, None)
-        state["i"] += 1
-
-    results = {"split": (time_graph(split_stage, calls_per_graph=per_graph), plan.num_splits)}
-    for tile in tiles:
-
-        def both(tile: tuple = tile) -> None:
-            tilecpp_mla(calls[state["i"] % sets], combine_tile=tile)
-            state["i"] += 1
-
-        def combine_only(tile: tuple = tile) -> None:
-            launch_combine(*partials, calls[0].out, None, tile=tile)
-
-        us = time_graph(both, calls_per_graph=per_graph)
-        again = time_graph(both, calls_per_graph=per_graph)
-        results[tile] = (us, again, time_graph(combine_only, calls_per_graph=20))
+    results = {}
+    for plan, split_us, tile, times in combine_timings(b, s, h, tiles):
+        results["split"] = (split_us, plan.num_splits)
+        results[tile] = times
         print(f"  {(b, s, h)} N={plan.num_splits} {tile}: {results[tile]}", flush=True)
     return results
 
@@ -630,6 +594,19 @@ def round3(out_dir: str | None) -> None:
             FAILURES.append(f"bench {suite} reported a failure")
 
 
+def run_stages(*stages) -> int:
+    """Run each stage, recording an exception as a failure; print the failures; 1 if any."""
+    for stage in stages:
+        try:
+            stage()
+        except Exception as exc:
+            traceback.print_exc()
+            name = getattr(stage, "func", stage).__name__  # a functools.partial: its function's name
+            FAILURES.append(f"{name}: {type(exc).__name__}: {exc}")
+    print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
+    return 1 if FAILURES else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-bench", action="store_true")
@@ -644,32 +621,10 @@ def main() -> int:
     print(f"{props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; cache {cache_dir()}")
     print(f"toolchain: {toolchain_problem() or 'Tile-capable nvcc found'}", flush=True)
     if args.round3:
-        try:
-            round3(args.round3)
-        except Exception as exc:
-            traceback.print_exc()
-            FAILURES.append(f"round3: {type(exc).__name__}: {exc}")
-        print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
-        return 1 if FAILURES else 0
+        return run_stages(functools.partial(round3, args.round3))
     if args.round2:
-        for stage in (check_combine_tiles, round2_bench):
-            try:
-                stage()
-            except Exception as exc:
-                traceback.print_exc()
-                FAILURES.append(f"{stage.__name__}: {type(exc).__name__}: {exc}")
-        print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
-        return 1 if FAILURES else 0
-    for stage in (correctness, check_public_api_and_graph):
-        try:
-            stage()
-        except Exception as exc:
-            traceback.print_exc()
-            FAILURES.append(f"{stage.__name__}: {type(exc).__name__}: {exc}")
-    if not args.skip_bench:
-        benchmark()
-    print(f"\n{len(FAILURES)} failure(s)" + "".join(f"\n  {f}" for f in FAILURES))
-    return 1 if FAILURES else 0
+        return run_stages(check_combine_tiles, round2_bench)
+    return run_stages(correctness, check_public_api_and_graph, *(() if args.skip_bench else (benchmark,)))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import multiprocessing
-import statistics
 import sys
 import time
 import traceback
@@ -25,15 +24,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from tilegym.bench import HEAD_DIM, ROPE_DIM, Shape, flop_count, measure_ceilings, traffic_bytes
 from tilegym.ops import mla_decoding_split_kv
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, default_config, mla_decode_into
-from tilegym.testing import mla_decode_float64, relative_error
+from tilegym.testing import REL_L2_TOLERANCE as TOL
+from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.timing import capture_graph, time_graph
 
-D, P = 512, 64
+D, P = HEAD_DIM, ROPE_DIM
 FP8 = torch.float8_e4m3fn
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: --smoke under TRITON_INTERPRET=1
-TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}  # rel. L2 vs float64
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,16 @@ class Case:
     head_dim: int = D
     rope_dim: int = P
 
+    @property
+    def nbytes(self) -> int:
+        """Fewest bytes moved (tilegym.bench.traffic_bytes; fp8 KV: 1 byte per cache element)."""
+        shape = Shape(self.batch, self.seq_len, self.heads)
+        return traffic_bytes(shape, (self.kv_dtype or self.dtype).itemsize, self.dtype.itemsize)
+
+    @property
+    def flops(self) -> int:
+        return flop_count(Shape(self.batch, self.seq_len, self.heads))
+
     def label(self) -> str:
         kv = "fp8" if self.kv_dtype is not None else str(self.dtype).removeprefix("torch.")
         extras = [f"split={self.split}"] if self.split else []
@@ -62,25 +73,15 @@ class Case:
 
 
 def gpu_inputs(case: Case, seed: int) -> dict:
-    """Fresh random inputs on the GPU (never zeros), in the fused [B,S,D+P] layout unless separate."""
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    dev = DEV
-    b, h, s = case.batch, case.heads, case.seq_len
-    q = torch.randn(b, h, case.head_dim, generator=g, device=dev).to(case.dtype)
-    qpe = torch.randn(b, h, case.rope_dim, generator=g, device=dev).to(case.dtype)
-    cache = torch.randn(b, s, case.head_dim + case.rope_dim, generator=g, device=dev)
-    kv_scale = None
-    if case.kv_dtype is not None:
-        scale = cache.abs().amax() / torch.finfo(case.kv_dtype).max
-        cache = (cache / scale).to(case.kv_dtype)
-        kv_scale = scale.reshape(1).float()
-    else:
-        cache = cache.to(case.dtype)
-    kv, kpe = cache[..., : case.head_dim], cache[..., case.head_dim :]
-    if case.separate:
-        kv, kpe = kv.contiguous(), kpe.contiguous()
-    lens = None if case.kv_lens is None else torch.tensor(case.kv_lens, dtype=torch.int32, device=dev)
-    return dict(q=q, qpe=qpe, kv=kv, kpe=kpe, kv_lens=lens, kv_scale=kv_scale)
+    """``make_mla_inputs`` drawn on DEV by a seeded DEV generator (a CPU draw of a large cache takes
+    seconds); kv / kpe are column views of one [B,S,D+P] cache unless ``case.separate``."""
+    lens = None if case.kv_lens is None else list(case.kv_lens)
+    with torch.device(DEV):
+        g = torch.Generator(DEV).manual_seed(seed)
+        shape = (case.batch, case.heads, case.seq_len, case.head_dim, case.rope_dim)
+        x = make_mla_inputs(*shape, dtype=case.dtype, kv_dtype=case.kv_dtype, device=DEV, kv_lens=lens, generator=g)
+    kv, kpe = (x.kv.contiguous(), x.kpe.contiguous()) if case.separate else (x.kv, x.kpe)
+    return dict(q=x.q, qpe=x.qpe, kv=kv, kpe=kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale)
 
 
 def run_case(case: Case, inp: dict, out: torch.Tensor | None = None):
@@ -251,68 +252,24 @@ def precompile(cases: list[Case], workers: int) -> None:
 
 
 # ---------------------------------------------------------------- timing
-def bench_us(fn, rotate: int = 1) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3 / rotate
-
-
-def graph_us(calls: list, replays: int = 30) -> float:
-    """Median per-call time of a CUDA graph holding ``calls`` in sequence (rotating inputs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+def graph_us(calls: list) -> float:
+    """tilegym.timing.time_graph median (3 warm-up, 30 replays); on a CPU (--smoke) each call runs once: 0 us."""
+    if DEV != "cuda":
         for fn in calls:
             fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    for _ in range(3):
-        graph.replay()
-    samples = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / len(calls))
-    return statistics.median(samples)
+        return 0.0
+    return time_graph(calls, warmup=3, repeat=30).median_us
 
 
-def measure_copy_bw() -> float:
-    """Device-to-device copy of 2 GiB, counting bytes read + written."""
-    src = torch.randn(1 << 30, device=DEV, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    t = bench_us(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / (t * 1e-6)
-
-
-def measure_ceilings() -> tuple[float, float]:
-    copy_bw = measure_copy_bw()
-    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
-    t = bench_us(lambda: a @ b)
-    gemm = 2 * 8192**3 / (t * 1e-6)
-    return copy_bw, gemm
-
-
-def case_bytes(case: Case) -> int:
-    kv_el = 1 if case.kv_dtype is not None else 2
-    b, h, s = case.batch, case.heads, case.seq_len
-    return b * s * (D + P) * kv_el + b * h * (D + P) * 2 + b * h * D * 2
-
-
-def case_flops(case: Case) -> int:
-    return 2 * case.batch * case.heads * case.seq_len * (D + P + D)
+def rotation_sets(case: Case) -> int:
+    """Input sets to rotate through so that together they do not fit in L2 (at most 16)."""
+    return max(1, min(16, (200 << 20) // max(1, case.nbytes)))
 
 
 def time_case(case: Case) -> float:
     """Per-call us from CUDA-graph replays (no host launch cost), rotating input sets when
     the working set would fit in L2; at least 4 calls per graph."""
-    sets = max(1, min(16, (200 << 20) // max(1, case_bytes(case))))
+    sets = rotation_sets(case)
     inputs = [gpu_inputs(case, 100 + i) for i in range(sets)]
     outs = [torch.empty(case.batch, case.heads, D, dtype=case.dtype, device=DEV) for _ in range(sets)]
     calls = [lambda i=i: run_case(case, inputs[i % sets], outs[i % sets]) for i in range(max(sets, 4))]
@@ -324,7 +281,7 @@ def stage_times(case: Case) -> tuple[float, float, int]:
     from tilegym.ops.triton.mla_decoding_split_kv import _launch_stage1, split_plan
     from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
 
-    sets = max(1, min(16, (200 << 20) // max(1, case_bytes(case))))
+    sets = rotation_sets(case)
     stage1, combine = [], []
     for i in range(max(sets, 4)):
         inp = gpu_inputs(case, 200 + i) if i < sets else None
@@ -367,6 +324,24 @@ def kernel_resources() -> list[str]:
     return lines
 
 
+def report_check(case: Case, seed: int, label: str) -> int:
+    """Check ``case`` vs float64 (4 rows), print one ok/FAIL line; 1 on a failure or an exception."""
+    try:
+        err, lse_err = check_case(case, seed=seed)
+    except Exception:
+        print(f"FAIL {case.label()}: exception\n{traceback.format_exc()[-1500:]}")
+        return 1
+    ok = err <= TOL[case.dtype] and lse_err <= 1e-2
+    print(f"{'ok  ' if ok else 'FAIL'} {label} rel={err:.2e} lse_abs={lse_err:.1e}")
+    return int(not ok)
+
+
+def checked_time(case: Case, seed: int) -> tuple[float, float | None]:
+    """(rel. error of 2 rows vs float64, graph-replayed us or None when the error is over tolerance)."""
+    err, _ = check_case(case, seed=seed, rows=2)
+    return err, (time_case(case) if err <= TOL[case.dtype] else None)
+
+
 # ---------------------------------------------------------------- main
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -392,18 +367,8 @@ def main() -> int:
     if not args.no_precompile:
         precompile(checks + [c for v in sweeps.values() for c in v], args.workers)
 
-    failures = 0
     print("\n== correctness vs float64 (first 4 rows; out poisoned with NaN) ==")
-    for i, case in enumerate(checks):
-        try:
-            err, lse_err = check_case(case, seed=i)
-            tol = TOL[case.dtype]
-            ok = err <= tol and lse_err <= 1e-2
-            failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {case.label():45s} rel={err:.2e} lse_abs={lse_err:.1e}")
-        except Exception:
-            failures += 1
-            print(f"FAIL {case.label()}: exception\n{traceback.format_exc()[-1500:]}")
+    failures = sum(report_check(case, i, f"{case.label():45s}") for i, case in enumerate(checks))
 
     print("\n== determinism, CUDA graph, public API ==")
     try:
@@ -419,19 +384,10 @@ def main() -> int:
         def call():
             mla_decoding_split_kv(static["q"], static["qpe"], static["kv"], static["kpe"], out=out, backend="triton")
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            call()
+        g = capture_graph([call])
         fresh = gpu_inputs(case, 9)
-        for key in ("q", "qpe"):
+        for key in ("q", "qpe", "kv", "kpe"):
             static[key].copy_(fresh[key])
-        static["kv"].copy_(fresh["kv"])
-        static["kpe"].copy_(fresh["kpe"])
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
@@ -444,7 +400,8 @@ def main() -> int:
         print(f"FAIL graph/determinism\n{traceback.format_exc()[-1500:]}")
 
     print("\n== ceilings ==")
-    copy_bw, gemm = measure_ceilings()
+    ceilings = measure_ceilings(torch.device(DEV))
+    copy_bw, gemm = ceilings.copy_gbps * 1e9, ceilings.matmul_tflops * 1e12
     print(f"copy {copy_bw / 1e9:.0f} GB/s (read+write), bf16 GEMM 8192^3 {gemm / 1e12:.0f} TFLOP/s")
 
     print("\n== sweep (time includes the combine) ==")
@@ -455,14 +412,13 @@ def main() -> int:
                 print(f"budget reached, skipping {name} {case.config}")
                 continue
             try:
-                err, _ = check_case(case, seed=1000 + len(rows), rows=2)
-                if not err <= TOL[case.dtype]:
+                err, t = checked_time(case, seed=1000 + len(rows))
+                if t is None:
                     failures += 1
                     print(f"FAIL {name} {case.config} split={case.split}: rel={err:.2e}")
                     continue
-                t = time_case(case)
-                bw = case_bytes(case) / (t * 1e-6)
-                tf = case_flops(case) / (t * 1e-6)
+                bw = case.nbytes / (t * 1e-6)
+                tf = case.flops / (t * 1e-6)
                 rows.append((name, case, t, bw / copy_bw, tf / 1e12))
                 print(
                     f"{name:16s} {case.config} split={case.split} rel={err:.1e} {t:8.1f} us "
@@ -560,32 +516,17 @@ def round2_cases() -> tuple[list[Case], list[tuple[str, str, Case]]]:
     return checks, timed
 
 
-def measure_mul_bw() -> float:
-    """torch.mul(src, 1.0, out=dst) on 1 GiB of float32 (an SM kernel), bytes read + written."""
-    src = torch.randn(1 << 28, device=DEV)
-    dst = torch.empty_like(src)
-    t = bench_us(lambda: torch.mul(src, 1.0, out=dst))
-    return 2 * src.numel() * 4 / (t * 1e-6)
-
-
 def round2(args, t_start: float) -> int:
     import triton
 
     print(f"torch {torch.__version__} triton {triton.__version__} gpu {torch.cuda.get_device_name()}")
     checks, timed = round2_cases()
     precompile(checks + [c for _, _, c in timed], args.workers)
-    failures = 0
     print("\n== correctness of the new variants vs float64 (first 4 rows; out poisoned with NaN) ==")
-    for i, case in enumerate(checks):
-        try:
-            err, lse_err = check_case(case, seed=500 + i)
-            ok = err <= TOL[case.dtype] and lse_err <= 1e-2
-            failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {case.label():40s} {case.config} rel={err:.2e} lse_abs={lse_err:.1e}")
-        except Exception:
-            failures += 1
-            print(f"FAIL {case.label()}: exception\n{traceback.format_exc()[-1500:]}")
-    copy_bw = measure_mul_bw()
+    failures = sum(report_check(case, 500 + i, f"{case.label():40s} {case.config}") for i, case in enumerate(checks))
+    from dev_tilecpp import copy_bandwidth  # the SM-kernel copy ceiling (see its docstring)
+
+    copy_bw = copy_bandwidth()[0] * 1e9
     print(f"\ncopy ceiling (torch.mul 1 GiB fp32, read+write): {copy_bw / 1e9:.0f} GB/s")
     rows = []
     for shape, name, case in timed:
@@ -593,13 +534,12 @@ def round2(args, t_start: float) -> int:
             print(f"budget reached, skipping {shape} {name}")
             continue
         try:
-            err, _ = check_case(case, seed=2000 + len(rows), rows=2)
-            if not err <= TOL[case.dtype]:
+            err, t = checked_time(case, seed=2000 + len(rows))
+            if t is None:
                 failures += 1
                 print(f"FAIL {shape} {name}: rel={err:.2e}")
                 continue
-            t = time_case(case)
-            rows.append((shape, name, t, case_bytes(case) / (t * 1e-6) / copy_bw, case_flops(case) / (t * 1e-6)))
+            rows.append((shape, name, t, case.nbytes / (t * 1e-6) / copy_bw, case.flops / (t * 1e-6)))
             print(f"{shape:16s} {name:38s} rel={err:.1e} {t:8.1f} us")
         except Exception as exc:
             print(f"{shape:16s} {name} ERROR {type(exc).__name__}: {str(exc)[:300]}")
@@ -626,19 +566,9 @@ def smoke() -> int:
     print({name: len(v) for name, v in sweeps.items()})
     failures = 0
     for i, case in enumerate(correctness_cases()):
-        if case.dtype != torch.float16 or case.batch * case.seq_len * case.heads > 40000:
-            continue
-        err, lse_err = check_case(case, seed=i)
-        ok = err <= TOL[case.dtype] and lse_err <= 1e-2
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {case.label():45s} rel={err:.2e} lse_abs={lse_err:.1e}")
-    global graph_us  # no CUDA graphs on CPU: run each call once so the plumbing is exercised
-
-    def graph_us(calls: list, replays: int = 30) -> float:
-        for fn in calls:
-            fn()
-        return 0.0
-
+        if case.dtype == torch.float16 and case.batch * case.seq_len * case.heads <= 40000:
+            failures += report_check(case, i, f"{case.label():45s}")
+    # No CUDA graphs on a CPU: graph_us runs each call once, so the plumbing is exercised.
     tiny = Case(2, 16, 300, torch.float16, return_lse=False, config=KernelConfig(16, 32, 4, 2))
     print("tiny sweep case", check_case(tiny, seed=1, rows=2), time_case(tiny), stage_times(tiny))
     return 1 if failures else 0
