@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_tiny_sources
 
 from tilegym.ops.tilecpp import loader
 from tilegym.ops.tilecpp.precompile import library_kernels
@@ -24,29 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 NVCC = loader.nvcc_or_none()
 pytestmark = pytest.mark.skipif(NVCC is None, reason=f"no Tile-capable nvcc: {loader.toolchain_problem()}")
 
-TINY_HEADER = """#pragma once
-#include <cuda_tile.h>
-#include "tiny_factor.cuh"
-
-template <int N>
-__tile_global__ void tiny_scale_kernel(float* __restrict__ x, float f) {
-  namespace ct = cuda::tiles;
-  auto idx = ct::iota<ct::tile<int, ct::shape<N>>>() + (int)ct::bid().x * N;
-  ct::store(x + idx, ct::load(x + idx) * (f * TINY_FACTOR));
-}
-"""
-
 
 @pytest.fixture
 def tiny_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "tiny.cuh").write_text(TINY_HEADER)
-    (tmp_path / "tiny_factor.cuh").write_text("#pragma once\n#define TINY_FACTOR 2.0f\n")
     monkeypatch.setenv(loader.CACHE_ENV_VAR, str(tmp_path / "cache"))
-    return tmp_path
-
-
-def tiny_kernel(folder: Path) -> loader.TileCppKernel:
-    return loader.TileCppKernel(folder / "tiny.cuh", "tiny_scale_kernel", (128,), ("float*", "float"))
+    return write_tiny_sources(tmp_path)
 
 
 def test_every_library_variant_compiles_for_sm90_and_sm100(
@@ -82,7 +65,7 @@ def test_same_inputs_reuse_the_cubin_and_a_header_edit_rebuilds(tiny_dir: Path) 
     stamp = first.stat().st_mtime_ns
     assert tiny_kernel(tiny_dir).resolve_cubin("sm_90") == first
     assert first.stat().st_mtime_ns == stamp  # not rebuilt
-    (tiny_dir / "tiny_factor.cuh").write_text("#pragma once\n#define TINY_FACTOR 3.0f\n")
+    (tiny_dir / "tiny_factor.cuh").write_text(tiny_factor_header("3.0f"))
     second = tiny_kernel(tiny_dir).resolve_cubin("sm_90")
     assert second != first and second.is_file() and first.is_file()
 
@@ -112,7 +95,7 @@ def test_two_processes_compiling_the_same_kernel_leave_one_valid_cubin(tiny_dir:
 
 
 def test_compile_error_shows_nvcc_message_and_source_path(tiny_dir: Path) -> None:
-    (tiny_dir / "tiny_factor.cuh").write_text("#pragma once\n#define TINY_FACTOR this_is_not_defined\n")
+    (tiny_dir / "tiny_factor.cuh").write_text(tiny_factor_header("this_is_not_defined"))
     with pytest.raises(loader.TileCppCompileError) as err:
         tiny_kernel(tiny_dir).compile("sm_90")
     message = str(err.value)

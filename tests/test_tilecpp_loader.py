@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_tiny_sources
 
 import tilegym
 from tilegym.backend import BackendUnavailableError, implementations
@@ -21,30 +22,11 @@ from tilegym.ops.tilecpp import loader
 from tilegym.ops.tilecpp import mla_decoding_split_kv as tilecpp_mla
 from tilegym.testing import make_mla_inputs
 
-TINY_HEADER = """#pragma once
-#include <cuda_tile.h>
-#include "tiny_factor.cuh"
-
-template <int N>
-__tile_global__ void tiny_scale_kernel(float* __restrict__ x, float f) {
-  namespace ct = cuda::tiles;
-  auto idx = ct::iota<ct::tile<int, ct::shape<N>>>() + (int)ct::bid().x * N;
-  ct::store(x + idx, ct::load(x + idx) * (f * TINY_FACTOR));
-}
-"""
-TINY_FACTOR = "#pragma once\n#define TINY_FACTOR 2.0f\n"
-
 
 @pytest.fixture
 def tiny_dir(tmp_path: Path) -> Path:
     """A folder with a tiny kernel header that includes a second project header."""
-    (tmp_path / "tiny.cuh").write_text(TINY_HEADER)
-    (tmp_path / "tiny_factor.cuh").write_text(TINY_FACTOR)
-    return tmp_path
-
-
-def tiny_kernel(folder: Path, n: int = 128, flags: tuple[str, ...] = ()) -> loader.TileCppKernel:
-    return loader.TileCppKernel(folder / "tiny.cuh", "tiny_scale_kernel", (n,), ("float*", "float"), flags=flags)
+    return write_tiny_sources(tmp_path)
 
 
 @pytest.fixture
@@ -138,7 +120,7 @@ def test_import_creates_no_cache_dir_and_runs_nothing(tmp_path: Path) -> None:
 
 
 def test_included_headers_are_followed_transitively(tiny_dir: Path) -> None:
-    (tiny_dir / "tiny_factor.cuh").write_text(TINY_FACTOR + '#include "deeper.cuh"\n')
+    (tiny_dir / "tiny_factor.cuh").write_text(tiny_factor_header() + '#include "deeper.cuh"\n')
     (tiny_dir / "deeper.cuh").write_text("#pragma once\n")
     names = sorted(p.name for p in loader.included_headers(tiny_dir / "tiny.cuh"))
     assert names == ["deeper.cuh", "tiny.cuh", "tiny_factor.cuh"]
@@ -156,7 +138,7 @@ def test_cache_key_changes_with_every_input(tiny_dir: Path) -> None:
     assert tiny_kernel(tiny_dir).source_key("sm_100") != base
     assert tiny_kernel(tiny_dir, n=256).source_key("sm_90") != base
     assert tiny_kernel(tiny_dir, flags=("-DFAST",)).source_key("sm_90") != base
-    (tiny_dir / "tiny_factor.cuh").write_text(TINY_FACTOR.replace("2.0f", "3.0f"))
+    (tiny_dir / "tiny_factor.cuh").write_text(tiny_factor_header("3.0f"))
     assert tiny_kernel(tiny_dir).source_key("sm_90") != base  # an included header was edited
 
 
@@ -192,7 +174,7 @@ def test_a_stale_cubin_is_not_used_after_a_header_edit(
     built = tiny_kernel(tiny_dir).cubin_path("sm_90", loader.Nvcc("nvcc", (13, 5), "release 13.5"))
     built.parent.mkdir(parents=True)
     built.write_bytes(b"cubin")
-    (tiny_dir / "tiny_factor.cuh").write_text(TINY_FACTOR.replace("2.0f", "4.0f"))
+    (tiny_dir / "tiny_factor.cuh").write_text(tiny_factor_header("4.0f"))
     assert tiny_kernel(tiny_dir).cached_cubin("sm_90") is None
 
 
