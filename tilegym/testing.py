@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilegym.utils import FP8_DTYPES
+from tilegym.utils import FP8_DTYPES, cdiv
 
 # Largest relative L2 error vs float64 that a correct kernel stays under, by output dtype:
 # float32 math leaves the 16-bit output rounding (bf16 ~2e-3, fp16 ~3e-4); a bug gives O(1).
@@ -82,21 +82,123 @@ def mla_decode_float64(
     *,
     kv_lens: torch.Tensor | None = None,
     kv_scale: torch.Tensor | float | None = None,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Oracle: (out [B,H,D], lse [B,H]) in float64 on the CPU, one softmax over all of S."""
+    """Oracle on a dense cache: (out, lse) in float64 on the CPU, one softmax over all of S.
+
+    q [B, H, D] gives out [B, H, D] and lse [B, H]; q [B, Q, H, D] (Q new tokens per row)
+    gives [B, Q, H, D] and [B, Q, H], token i seeing positions < len - Q + 1 + i when
+    ``causal``. Positions at or past a row's length are never read (they may hold NaN).
+    """
+    squeeze = q.dim() == 3
+    q, qpe = (q.unsqueeze(1), qpe.unsqueeze(1)) if squeeze else (q, qpe)
     q, qpe, kv, kpe = (t.detach().cpu().double() for t in (q, qpe, kv, kpe))
+    batch, q_len, _, _ = q.shape
+    seq_len = kv.shape[1]
+    lens = torch.full((batch,), seq_len) if kv_lens is None else kv_lens.detach().cpu().long().clamp(0, seq_len)
+    positions = torch.arange(seq_len)
+    valid = positions[None, :] < lens[:, None]  # [B, S]
+    kv = torch.where(valid[..., None], kv, 0.0)
+    kpe = torch.where(valid[..., None], kpe, 0.0)
     if kv_scale is not None:
         scale = float(kv_scale) if not isinstance(kv_scale, torch.Tensor) else kv_scale.double().cpu()
         kv, kpe = kv * scale, kpe * scale
     if sm_scale is None:
         sm_scale = (q.shape[-1] + qpe.shape[-1]) ** -0.5
-    scores = (q @ kv.transpose(1, 2) + qpe @ kpe.transpose(1, 2)) * sm_scale  # [B, H, S]
-    if kv_lens is not None:
-        positions = torch.arange(kv.shape[1])
-        scores = scores.masked_fill(positions[None, None, :] >= kv_lens.cpu().long()[:, None, None], float("-inf"))
+    scores = (torch.einsum("bqhd,bsd->bqhs", q, kv) + torch.einsum("bqhp,bsp->bqhs", qpe, kpe)) * sm_scale
+    token = torch.arange(q_len)
+    limit = lens[:, None] - q_len + 1 + token[None, :] if causal else lens[:, None].expand(batch, q_len)
+    visible = positions[None, None, :] < limit[:, :, None]  # [B, Q, S]
+    scores = scores.masked_fill(~visible[:, :, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no token: zeros
-    return probs @ kv, lse
+    out = torch.einsum("bqhs,bsd->bqhd", probs, kv)
+    return (out[:, 0], lse[:, 0]) if squeeze else (out, lse)
+
+
+@dataclass
+class PagedInputs:
+    """A paged copy of a dense ``MLAInputs``: pages [N, page_size, D+P] plus both page tables.
+
+    ``block_table`` [B, max_pages] and (``kv_indptr``, ``kv_indices``) describe the same
+    pages; unused pages and table entries hold garbage (NaN pages, out-of-range ids), so a
+    kernel that reads past a row shows it.
+    """
+
+    dense: MLAInputs
+    pages: torch.Tensor
+    block_table: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+
+    @property
+    def kv(self) -> torch.Tensor:
+        return self.pages[..., : self.dense.head_dim]
+
+    @property
+    def kpe(self) -> torch.Tensor:
+        return self.pages[..., self.dense.head_dim :]
+
+    @property
+    def page_size(self) -> int:
+        return self.pages.shape[1]
+
+    def layout_kwargs(self, layout: str) -> dict[str, torch.Tensor]:
+        """The op's keyword arguments for ``layout`` ("paged" or "ragged"), kv_lens included."""
+        if layout == "paged":
+            return {"block_table": self.block_table, "kv_lens": self.dense.kv_lens}
+        return {"kv_indptr": self.kv_indptr, "kv_indices": self.kv_indices, "kv_lens": self.dense.kv_lens}
+
+
+def to_pages(
+    x: MLAInputs,
+    page_size: int,
+    *,
+    generator: torch.Generator | None = None,
+    shared_prefix_pages: int = 0,
+    spare_pages: int = 3,
+) -> PagedInputs:
+    """Scatter ``x``'s dense cache into randomly ordered pages (needs ``x.kv_lens``).
+
+    Row 0's first ``shared_prefix_pages`` pages are also used by every other row whose dense
+    prefix equals it (the caller makes the prefixes equal; see ``share_prefix``): prefix
+    sharing. Slots past a row's length and ``spare_pages`` extra pages hold NaN.
+    """
+    cache = x.cache
+    batch, seq_len, width = cache.shape
+    lens = x.kv_lens.cpu().long().clamp(0, seq_len) if x.kv_lens is not None else torch.full((batch,), seq_len)
+    row_pages = [cdiv(int(n), page_size) for n in lens]
+    shared = min(shared_prefix_pages, int(lens[0]) // page_size) if batch else 0  # whole pages only
+    own = [row_pages[0]] + [max(0, n - shared) for n in row_pages[1:]]
+    total = sum(own) + spare_pages
+    order = torch.randperm(total, generator=generator).tolist()
+    pages = torch.full((total, page_size, width), float("nan"), dtype=torch.float32).to(cache.dtype)
+    tables, taken = [], 0
+    for b in range(batch):
+        ids = []
+        for j in range(row_pages[b]):
+            if b > 0 and j < shared:
+                ids.append(tables[0][j])
+                continue
+            page = order[taken]
+            taken += 1
+            rows = cache[b, j * page_size : min((j + 1) * page_size, int(lens[b]))].cpu()
+            pages[page, : rows.shape[0]] = rows
+            ids.append(page)
+        tables.append(ids)
+    max_pages = max(1, cdiv(seq_len, page_size))
+    block_table = torch.full((batch, max_pages), 1 << 30, dtype=torch.int32)  # unused entries: out of range
+    for b, ids in enumerate(tables):
+        block_table[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    indptr = torch.tensor([0] + [len(t) for t in tables], dtype=torch.int64).cumsum(0).to(torch.int32)
+    indices = torch.tensor([i for t in tables for i in t], dtype=torch.int32)
+    device = x.q.device
+    return PagedInputs(x, pages.to(device), block_table.to(device), indptr.to(device), indices.to(device))
+
+
+def share_prefix(x: MLAInputs, tokens: int) -> None:
+    """Make every row's first ``tokens`` cached tokens equal to row 0's (in place)."""
+    x.cache[1:, :tokens] = x.cache[:1, :tokens]
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -11,8 +11,8 @@ checks, in PyTorch on CPU tensors. Nothing outside the tests imports it.
 - ``emulated_aiter_backend(arch)``: the above, plus what makes
   ``tilegym.ops.mla_decoding_split_kv(..., backend="aiter")`` run on CPU tensors: the
   adapter's hardware hooks (``support.rocm_build``, ``support.device_arch``) report a ROCm
-  ``arch`` GPU, the registry entry also accepts the "cpu" vendor, and the probe and metadata
-  caches start empty. Everything is restored on exit. Used by the cross-backend parity
+  ``arch`` GPU, the registry entry also accepts the "cpu" vendor, and the probe cache starts
+  empty. Everything is restored on exit. Used by the cross-backend parity
   suite as "aiter-emulation"; keep its name and behaviour stable. Not thread-safe.
 
 Import it as ``from aiter_emulation import emulated_aiter_backend`` (pytest puts ``tests/``
@@ -59,7 +59,6 @@ def emulated_aiter_backend(arch: str = "gfx950", cu_num: int = 8) -> Iterator[Em
     """Run tilegym's aiter backend on CPU tensors against the emulated aiter (see module doc)."""
     from tilegym import backend
     from tilegym.ops.aiter import support
-    from tilegym.ops.aiter.mla_decoding_split_kv import METADATA_CACHE
 
     impl = backend.implementations(_OP)["aiter"]
     hooks = {"rocm_build": lambda: True, "device_arch": lambda device: arch}
@@ -70,7 +69,6 @@ def emulated_aiter_backend(arch: str = "gfx950", cu_num: int = 8) -> Iterator[Em
         for name, hook in hooks.items():
             setattr(support, name, hook)
         backend.backend_unavailable_reasons.cache_clear()
-        METADATA_CACHE.clear()
         try:
             yield state
         finally:
@@ -79,4 +77,3 @@ def emulated_aiter_backend(arch: str = "gfx950", cu_num: int = 8) -> Iterator[Em
             with backend._registry_lock:
                 backend._registry[(_OP, "aiter")] = impl
             backend.backend_unavailable_reasons.cache_clear()
-            METADATA_CACHE.clear()

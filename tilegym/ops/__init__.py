@@ -1,8 +1,9 @@
-"""Public ops: validate the arguments once, pick a backend, run it.
+"""Public ops: validate once, pick a backend, run it; or plan once and run the plan per layer.
 
-Backends receive a validated call object (``tilegym.ops.contract``) whose ``out`` is
-already allocated; they write ``out`` and return the lse tensor (or ``None``). Under
-``torch.compile`` the calls go through the custom ops of ``tilegym.ops.torch_library``.
+For ``mla_decoding_split_kv`` every backend registers a *planner*: ``planner(call)``
+returns a runner (``tilegym.ops.plan``) holding the configuration, schedule and workspace
+for that call. A call without a plan makes a plan internally and runs it (same results).
+Under ``torch.compile`` the calls go through the custom ops of ``tilegym.ops.torch_library``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,63 @@ import torch
 
 from tilegym.backend import select
 from tilegym.ops import torch_library
-from tilegym.ops.contract import validate_mla_decoding, validate_splitk_reduce
+from tilegym.ops.contract import MLADecodeCall, validate_mla_decoding, validate_splitk_reduce
+from tilegym.ops.plan import MLADecodePlan
 
-__all__ = ["mla_decoding_split_kv", "splitk_reduce"]
+__all__ = ["MLADecodePlan", "mla_decoding_split_kv", "plan_mla_decoding", "splitk_reduce"]
+
+MLA_DECODE = "mla_decoding_split_kv"
+SPLITK_REDUCE = "splitk_reduce"
+
+Result = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def plan_for_call(call: MLADecodeCall, backend: str | None = None) -> MLADecodePlan:
+    """Select the backend for a validated call and build its plan."""
+    impl = select(MLA_DECODE, call, backend)
+    return MLADecodePlan(call, impl.backend, impl.run(call))
+
+
+def plan_mla_decoding(
+    q: torch.Tensor,
+    qpe: torch.Tensor,
+    kv: torch.Tensor,
+    kpe: torch.Tensor,
+    sm_scale: float | None = None,
+    kv_len_per_split: int | None = None,
+    *,
+    kv_lens: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | float | None = None,
+    block_table: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    causal: bool = True,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> MLADecodePlan:
+    """Plan ``mla_decoding_split_kv`` once per decode step; pass the plan to every layer's call.
+
+    Takes the arguments of ``mla_decoding_split_kv`` (any layer's tensors: only their
+    shapes, strides, dtypes and device matter, plus the values of ``kv_lens`` and the page
+    tables, read on the device). The plan fixes the backend, the kernel configuration, a
+    split schedule balanced over the GPU by the rows' real lengths, and the workspace.
+    """
+    call = validate_mla_decoding(
+        q,
+        qpe,
+        kv,
+        kpe,
+        sm_scale,
+        kv_len_per_split,
+        kv_lens=kv_lens,
+        kv_scale=kv_scale,
+        block_table=block_table,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        causal=causal,
+        return_lse=return_lse,
+    )
+    return plan_for_call(call, backend)
 
 
 def mla_decoding_split_kv(
@@ -26,44 +81,95 @@ def mla_decoding_split_kv(
     *,
     kv_lens: torch.Tensor | None = None,
     kv_scale: torch.Tensor | float | None = None,
-    return_lse: bool = False,
+    block_table: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    causal: bool | None = None,
+    return_lse: bool | None = None,
     out: torch.Tensor | None = None,
+    plan: MLADecodePlan | None = None,
     backend: str | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA attention at decode time (one query token per batch row), split over KV.
+) -> Result:
+    """Absorbed MLA attention at decode time, split over KV.
 
-    Shapes: q [B, H, D], qpe [B, H, P], kv [B, S, D], kpe [B, S, P]. Per row b and head h:
+    Shapes: q [B, H, D] or [B, Q, H, D] (Q new tokens per row, up to 8), qpe [B, (Q,) H, P];
+    the cache is dense (kv [B, S, D], kpe [B, S, P]) or paged (kv [num_pages, page_size, D],
+    kpe [num_pages, page_size, P] with ``block_table`` [B, max_pages] or with ``kv_indptr``
+    [B + 1] + ``kv_indices``; ``kv_lens`` required). Per row b, new token i and head h:
     ``score[s] = (q.kv[s] + qpe.kpe[s]) * sm_scale`` over ``s < kv_lens[b]`` (all S when
-    ``kv_lens`` is None); returns ``softmax(score) @ kv`` as [B, H, D] in q's dtype, and
-    with ``return_lse`` also lse [B, H] float32 (natural log; -inf for an empty row).
+    ``kv_lens`` is None), restricted with ``causal`` (default) to ``s < kv_lens[b] - Q + 1 + i``;
+    returns ``softmax(score) @ kv`` in q's shape and dtype, and with ``return_lse`` also lse
+    [B, (Q,) H] float32 (natural log; -inf for a row that sees no token).
 
-    ``sm_scale`` defaults to 1/sqrt(D + P). ``kv_len_per_split`` (tokens per split) is
-    chosen by the backend when None. fp8 kv/kpe need ``kv_scale`` (cache value =
-    kv * kv_scale). ``backend`` overrides the selection rules of ``tilegym.backend``.
+    ``sm_scale`` defaults to 1/sqrt(D + P). ``kv_len_per_split`` (tokens per split) is chosen
+    by the backend when None. fp8 kv/kpe need ``kv_scale`` (cache value = kv * kv_scale).
+    ``plan`` (from ``plan_mla_decoding``) skips validation, selection and planning; options
+    given with a plan must match it. ``backend`` overrides the selection rules of
+    ``tilegym.backend`` (it must be None or the plan's backend when a plan is given).
     """
-    if torch.compiler.is_compiling():
-        if out is None:
-            out = q.new_empty(q.shape)
-        if kv_scale is not None and not isinstance(kv_scale, torch.Tensor):
-            kv_scale = torch.full((1,), float(kv_scale), dtype=torch.float32, device=q.device)
-        lse = torch_library.mla_decoding_split_kv_op(
-            q, qpe, kv, kpe, out, sm_scale, kv_len_per_split, kv_lens, kv_scale, return_lse, backend
+    if plan is not None:
+        if backend is not None and backend != plan.backend:
+            raise ValueError(f"backend={backend!r} differs from the plan's backend {plan.backend!r}")
+        plan.check_options(
+            sm_scale=sm_scale,
+            kv_len_per_split=kv_len_per_split,
+            kv_lens=kv_lens,
+            block_table=block_table,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            causal=causal,
+            return_lse=return_lse,
         )
-        return (out, lse) if return_lse else out
-    call = validate_mla_decoding(
-        q,
-        qpe,
-        kv,
-        kpe,
-        sm_scale,
-        kv_len_per_split,
-        kv_lens=kv_lens,
-        kv_scale=kv_scale,
-        return_lse=return_lse,
-        out=out,
+        if torch.compiler.is_compiling():
+            return _compiled_call(plan.call_arguments(q, qpe, kv, kpe, kv_scale, out, plan.backend))
+        out, lse = plan.run(q, qpe, kv, kpe, kv_scale, out)
+        return (out, lse) if plan.call.return_lse else out
+    arguments = {
+        "sm_scale": sm_scale,
+        "kv_len_per_split": kv_len_per_split,
+        "kv_lens": kv_lens,
+        "kv_scale": kv_scale,
+        "block_table": block_table,
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
+        "causal": True if causal is None else causal,
+        "return_lse": False if return_lse is None else return_lse,
+        "out": out,
+    }
+    if torch.compiler.is_compiling():
+        return _compiled_call({"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, **arguments, "backend": backend})
+    call = validate_mla_decoding(q, qpe, kv, kpe, **arguments)
+    planned = plan_for_call(call, backend)
+    out, lse = planned.run(q, qpe, kv, kpe, call.kv_scale, call.user_out())
+    return (out, lse) if call.return_lse else out
+
+
+def _compiled_call(arguments: dict) -> Result:
+    """The op under ``torch.compile``: traceable checks here, the rest inside the custom op."""
+    call = validate_mla_decoding(**{k: v for k, v in arguments.items() if k != "backend"}, host_checks=False)
+    out, lse = torch_library.mla_decoding_split_kv_op(
+        call.q,
+        call.qpe,
+        call.kv,
+        call.kpe,
+        call.kv_lens,
+        call.kv_scale,
+        call.block_table,
+        call.kv_indptr,
+        call.kv_indices,
+        call.sm_scale,
+        call.kv_len_per_split,
+        call.causal,
+        call.return_lse,
+        arguments["backend"],
     )
-    lse = select("mla_decoding_split_kv", call, backend).run(call)
-    return (call.out, lse) if return_lse else call.out
+    user_out = arguments.get("out")
+    if call.squeeze_q:
+        out, lse = out[:, 0], lse[:, 0]
+    if user_out is not None:
+        user_out.copy_(out)
+        out = user_out
+    return (out, lse) if call.return_lse else out
 
 
 def splitk_reduce(
@@ -76,7 +182,8 @@ def splitk_reduce(
     """Merge per-split partial outputs [B, H, N, D] with their lse [B, H, N] into [B, H, D].
 
     ``partial_lse`` is float32, natural log; -inf marks an empty split. A row whose splits
-    are all empty gives zeros. The output dtype is ``out``'s when given, else partial_out's.
+    are all empty gives zeros; NaN in a live split gives NaN. The output dtype is ``out``'s
+    when given, else partial_out's.
     """
     if torch.compiler.is_compiling():
         if out is None:
@@ -84,5 +191,5 @@ def splitk_reduce(
         torch_library.splitk_reduce_op(partial_out, partial_lse, out, backend)
         return out
     call = validate_splitk_reduce(partial_out, partial_lse, out=out)
-    select("splitk_reduce", call, backend).run(call)
+    select(SPLITK_REDUCE, call, backend).run(call)
     return call.out

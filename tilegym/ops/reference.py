@@ -1,7 +1,14 @@
-"""Backend ``torch``: plain PyTorch, with the same split-KV structure as the GPU kernels.
+"""Backend ``torch``: plain PyTorch with the split-KV structure of the GPU kernels.
 
-Each split yields a float32 partial output and its log-sum-exp; ``splitk_reduce`` merges
-them. Runs on any device; it is the CPU default and the readable statement of the math.
+The KV positions are walked in chunks (splits); each chunk gives a float32 partial output
+and its log-sum-exp, and the chunks are merged by their lse. Tokens are gathered chunk by
+chunk through the layout's page table, so no copy of the whole cache is ever made. Runs
+on any device: it is the CPU default and the readable statement of the math.
+
+Garbage outside a row (positions at or past its length, pages it does not use) is zeroed
+before any arithmetic, so NaN or inf there never reaches the output; NaN inside a row's
+valid positions propagates to that row. Ragged page lists read their longest row on the
+host (one synchronisation); the other layouts never synchronise.
 """
 
 from __future__ import annotations
@@ -9,67 +16,144 @@ from __future__ import annotations
 import torch
 
 from tilegym.backend import register_impl
-from tilegym.ops.contract import MLADecodeCall, SplitKReduceCall
-from tilegym.ops.split_plan import plan_mla_splits
+from tilegym.ops.contract import DENSE, PAGED, MLADecodeCall, SplitKReduceCall
+from tilegym.utils import next_power_of_2
 
 ALL_VENDORS = ("nvidia", "amd", "cpu")
+CHUNK_ELEMENTS = 1 << 24  # float32 elements of one gathered chunk [B, L, D + P] (64 MiB)
 
 
-def _dequantized(t: torch.Tensor, kv_scale: torch.Tensor | None) -> torch.Tensor:
-    t = t.float()
-    return t * kv_scale if kv_scale is not None else t
-
-
-def attend_one_split(
+def attend_chunk(
     q: torch.Tensor,
     qpe: torch.Tensor,
     kv: torch.Tensor,
     kpe: torch.Tensor,
-    valid: torch.Tensor,
+    visible: torch.Tensor,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 softmax attention of q [B,H,D] over one KV chunk [B,L,D]; ``valid`` [B,L] masks it.
+    """Float32 softmax attention of q [B,Q,H,D] over one chunk kv [B,L,D]; ``visible`` [B,Q,L] masks it.
 
-    Returns the chunk's normalised output [B,H,D] and its lse [B,H] (-inf where no token is valid).
+    Returns the chunk's normalised output [B,Q,H,D] and its lse [B,Q,H] (-inf where no token is visible).
     """
-    scores = (torch.einsum("bhd,bld->bhl", q, kv) + torch.einsum("bhp,blp->bhl", qpe, kpe)) * sm_scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    scores = (torch.einsum("bqhd,bld->bqhl", q, kv) + torch.einsum("bqhp,blp->bqhl", qpe, kpe)) * sm_scale
+    scores = scores.masked_fill(~visible[:, :, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
-    return torch.einsum("bhl,bld->bhd", probs, kv), lse
+    return torch.einsum("bqhl,bld->bqhd", probs, kv), lse
 
 
 def merge_splits(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge [B,H,N,D] partials with lse [B,H,N] into ([B,H,D] float32, lse [B,H])."""
+    """Merge [..., N, D] partials with lse [..., N] into ([..., D] float32, lse [...]).
+
+    Splits with lse -inf weigh nothing and their partials are never read (they may hold
+    anything); NaN in a live split gives NaN.
+    """
     lse = torch.logsumexp(partial_lse, dim=-1)
-    weights = torch.exp(partial_lse - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
-    merged = torch.einsum("bhn,bhnd->bhd", weights, partial_out.float())
-    return merged, lse
+    live = partial_lse != float("-inf")
+    weights = torch.exp(partial_lse - lse.masked_fill(lse == float("-inf"), 0.0)[..., None]).masked_fill(~live, 0.0)
+    parts = torch.where(live[..., None], partial_out.float(), 0.0)
+    return torch.einsum("...n,...nd->...d", weights, parts), lse
+
+
+class TorchDecodeRunner:
+    """The ``torch`` backend's plan: just the call's fixed sizes; lengths are read per run."""
+
+    def __init__(self, call: MLADecodeCall) -> None:
+        self.call = call
+        width = call.head_dim + call.rope_dim
+        default = max(16, min(16384, next_power_of_2(CHUNK_ELEMENTS // (call.batch * width)) // 2))
+        self.chunk = call.kv_len_per_split or default
+
+    def refresh(self) -> None:
+        """Nothing to recompute: lengths are read when the call runs."""
+
+    def _lengths(self) -> torch.Tensor:
+        c = self.call
+        if c.kv_lens is None:
+            return torch.full((c.batch,), c.seq_len, dtype=torch.long, device=c.device)
+        lens = c.kv_lens.long().clamp(min=0)
+        if c.layout == DENSE or c.layout == PAGED:
+            return lens.clamp(max=c.seq_len)
+        starts, ends = self._ragged_ranges()
+        return torch.minimum(lens, (ends - starts) * c.page_size)
+
+    def _ragged_ranges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.call
+        nnz = c.kv_indices.numel()
+        starts = c.kv_indptr[:-1].long().clamp(0, nnz)
+        return starts, torch.maximum(c.kv_indptr[1:].long().clamp(0, nnz), starts)
+
+    def _capacity(self, lens: torch.Tensor) -> int:
+        c = self.call
+        if c.layout == DENSE or c.layout == PAGED:
+            return c.seq_len
+        return max(1, int(lens.max()))  # ragged: the longest row, read on the host
+
+    def _gather(self, cache: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Tokens ``positions`` [L] of every row as [B, L, width]; invalid ones are arbitrary pages."""
+        c = self.call
+        if c.layout == DENSE:
+            return cache[:, positions[0] : positions[-1] + 1]
+        ps = c.page_size
+        page_col = positions // ps
+        if c.layout == PAGED:
+            pages = c.block_table.long()[:, page_col]
+        else:
+            starts, _ = self._ragged_ranges()
+            slot = (starts[:, None] + page_col[None, :]).clamp(max=max(0, c.kv_indices.numel() - 1))
+            pages = c.kv_indices.long()[slot] if c.kv_indices.numel() else torch.zeros_like(slot)
+        pages = torch.where(valid, pages, 0).clamp(0, c.num_pages - 1)
+        return cache[pages, (positions % ps)[None, :].expand_as(pages)]
+
+    def run(
+        self,
+        q: torch.Tensor,
+        qpe: torch.Tensor,
+        kv: torch.Tensor,
+        kpe: torch.Tensor,
+        kv_scale: torch.Tensor | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        c = self.call
+        batch, q_len, heads = c.batch, c.q_len, c.heads
+        q4 = q.reshape(batch, q_len, heads, c.head_dim).float()
+        qpe4 = qpe.reshape(batch, q_len, heads, c.rope_dim).float()
+        lens = self._lengths()
+        token = torch.arange(q_len, device=c.device)
+        limit = lens[:, None] - q_len + 1 + token[None, :] if c.causal else lens[:, None].expand(batch, q_len)
+        outs, lses = [], []
+        capacity = self._capacity(lens)
+        for start in range(0, capacity, self.chunk):
+            positions = torch.arange(start, min(start + self.chunk, capacity), device=c.device)
+            valid = positions[None, :] < lens[:, None]  # [B, L]
+            kv_chunk = _dequantized(self._gather(kv, positions, valid), kv_scale, valid)
+            kpe_chunk = _dequantized(self._gather(kpe, positions, valid), kv_scale, valid)
+            visible = positions[None, None, :] < limit[:, :, None]  # [B, Q, L]
+            chunk_out, chunk_lse = attend_chunk(q4, qpe4, kv_chunk, kpe_chunk, visible, c.sm_scale)
+            outs.append(chunk_out)
+            lses.append(chunk_lse)
+        merged, merged_lse = merge_splits(torch.stack(outs, dim=-2), torch.stack(lses, dim=-1))
+        out.copy_(merged.reshape(out.shape))
+        if lse is not None:
+            lse.copy_(merged_lse.reshape(lse.shape))
+
+
+def _dequantized(t: torch.Tensor, kv_scale: torch.Tensor | None, valid: torch.Tensor) -> torch.Tensor:
+    """Float32 values of a gathered chunk, zero outside the row (garbage there never counts)."""
+    t = t.float()
+    if kv_scale is not None:
+        t = t * kv_scale
+    return torch.where(valid[..., None], t, 0.0)
 
 
 @register_impl("mla_decoding_split_kv", "torch", vendors=ALL_VENDORS)
-def mla_decoding_split_kv(call: MLADecodeCall) -> torch.Tensor | None:
-    batch, seq_len = call.batch, call.seq_len
-    plan = plan_mla_splits(call, heads_per_program=call.heads)
-    lengths = (
-        torch.full((batch,), seq_len, device=call.device) if call.kv_lens is None else call.kv_lens.clamp(0, seq_len)
-    )
-    q, qpe = call.q.float(), call.qpe.float()
-    outs, lses = [], []
-    for start in range(0, seq_len, plan.kv_len_per_split):
-        stop = min(start + plan.kv_len_per_split, seq_len)
-        kv = _dequantized(call.kv[:, start:stop], call.kv_scale)
-        kpe = _dequantized(call.kpe[:, start:stop], call.kv_scale)
-        positions = torch.arange(start, stop, device=call.device)
-        split_out, split_lse = attend_one_split(q, qpe, kv, kpe, positions[None, :] < lengths[:, None], call.sm_scale)
-        outs.append(split_out)
-        lses.append(split_lse)
-    merged, lse = merge_splits(torch.stack(outs, dim=2), torch.stack(lses, dim=2))
-    call.out.copy_(merged)
-    return lse if call.return_lse else None
+def plan_mla_decoding_split_kv(call: MLADecodeCall) -> TorchDecodeRunner:
+    return TorchDecodeRunner(call)
 
 
 @register_impl("splitk_reduce", "torch", vendors=ALL_VENDORS)
 def splitk_reduce(call: SplitKReduceCall) -> None:
     merged, _ = merge_splits(call.partial_out, call.partial_lse)
     call.out.copy_(merged)
+

@@ -1,9 +1,12 @@
 """The public ops as ``torch.library`` custom ops, so ``torch.compile`` keeps them opaque.
 
-Under ``torch.compile`` the public functions route here instead of tracing into validation,
-backend selection and kernel launchers: the compiled graph holds one ``tilegym::`` op per
-call, whose fake implementation gives the output shapes. The real implementation validates
-and selects a backend when the graph runs, with the same rules as an eager call.
+Under ``torch.compile`` the public functions run their traceable checks (shapes, dtypes,
+scalars) and then call these ops instead of tracing into selection, planning and kernel
+launchers: the compiled graph holds one ``tilegym::`` op per call, whose fake
+implementation gives the output shapes. The real implementation validates the values the
+trace could not see (data pointers, host-side index checks), plans and runs the call with
+the same rules as an eager call. The decode op returns fresh tensors (no mutated inputs),
+so the compiler needs no copies around it.
 """
 
 from __future__ import annotations
@@ -16,32 +19,49 @@ from tilegym.ops.contract import validate_mla_decoding, validate_splitk_reduce
 NO_LSE_SHAPE = (0,)  # custom ops return fresh tensors: an empty one stands for "no lse"
 
 
-@torch.library.custom_op("tilegym::mla_decoding_split_kv", mutates_args=("out",))
+@torch.library.custom_op("tilegym::mla_decoding_split_kv", mutates_args=())
 def mla_decoding_split_kv_op(
     q: torch.Tensor,
     qpe: torch.Tensor,
     kv: torch.Tensor,
     kpe: torch.Tensor,
-    out: torch.Tensor,
-    sm_scale: float | None,
-    kv_len_per_split: int | None,
     kv_lens: torch.Tensor | None,
     kv_scale: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    kv_indptr: torch.Tensor | None,
+    kv_indices: torch.Tensor | None,
+    sm_scale: float,
+    kv_len_per_split: int | None,
+    causal: bool,
     return_lse: bool,
     backend: str | None,
-) -> torch.Tensor:
-    """Writes ``out``; returns lse [B, H] float32, or an empty tensor without ``return_lse``."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, Q, H, D], lse [B, Q, H] float32 or an empty tensor without ``return_lse``) for 4-D q."""
+    from tilegym.ops import plan_for_call
+
     call = validate_mla_decoding(
-        q, qpe, kv, kpe, sm_scale, kv_len_per_split, kv_lens=kv_lens, kv_scale=kv_scale, return_lse=return_lse, out=out
+        q,
+        qpe,
+        kv,
+        kpe,
+        sm_scale,
+        kv_len_per_split,
+        kv_lens=kv_lens,
+        kv_scale=kv_scale,
+        block_table=block_table,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        causal=causal,
+        return_lse=return_lse,
     )
-    lse = select("mla_decoding_split_kv", call, backend).run(call)
-    return lse if lse is not None else torch.empty(NO_LSE_SHAPE, dtype=torch.float32, device=q.device)
+    out, lse = plan_for_call(call, backend).run(q, qpe, kv, kpe, call.kv_scale, None)
+    return out, lse if lse is not None else torch.empty(NO_LSE_SHAPE, dtype=torch.float32, device=q.device)
 
 
 @mla_decoding_split_kv_op.register_fake
-def _(q, qpe, kv, kpe, out, sm_scale, kv_len_per_split, kv_lens, kv_scale, return_lse, backend):
-    shape = q.shape[:2] if return_lse else NO_LSE_SHAPE
-    return q.new_empty(shape, dtype=torch.float32)
+def _(q, qpe, kv, kpe, kv_lens, kv_scale, block_table, kv_indptr, kv_indices, sm_scale, kv_len_per_split, causal, return_lse, backend):
+    lse_shape = q.shape[:3] if return_lse else NO_LSE_SHAPE
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("tilegym::splitk_reduce", mutates_args=("out",))

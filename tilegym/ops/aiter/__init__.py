@@ -7,8 +7,6 @@ the first call. ``splitk_reduce`` is not registered (see ``mla_decoding_split_kv
 
 from __future__ import annotations
 
-import torch
-
 from tilegym.backend import register_impl, register_probe
 from tilegym.ops.aiter import support
 from tilegym.ops.contract import MLADecodeCall
@@ -17,7 +15,7 @@ register_probe("aiter", support.probe)
 
 
 @register_impl("mla_decoding_split_kv", "aiter", vendors=("amd",), supports=support.mla_decode_reasons)
-def mla_decoding_split_kv(call: MLADecodeCall) -> torch.Tensor | None:
-    from tilegym.ops.aiter.mla_decoding_split_kv import mla_decoding_split_kv as run
+def plan_mla_decoding_split_kv(call: MLADecodeCall) -> object:
+    from tilegym.ops.aiter.mla_decoding_split_kv import plan
 
-    return run(call)
+    return plan(call)

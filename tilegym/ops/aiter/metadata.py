@@ -1,66 +1,90 @@
-"""Page table and persistent-mode metadata for aiter's MLA decode, built on the device and cached.
+"""aiter's page table and persistent-mode schedule for one plan, built on the device.
 
-aiter's persistent kernels read a work schedule (``work_*``/``reduce_*`` tensors) that
-``aiter.get_mla_metadata_v1`` derives from the per-row KV lengths; the schedule carries the
-KV ranges, so it must be rebuilt whenever the lengths change.
+aiter's MLA decode reads a page table (``kv_indptr`` = cumulative pages per row,
+``kv_indices`` = page ids, ``kv_last_page_lens`` = tokens in each row's last page) over a
+``kv_buffer`` [pages, page_size, 1, 576], plus a work schedule (``work_*`` / ``reduce_*``)
+that ``aiter.get_mla_metadata_v1`` derives from it. Each tilegym layout maps onto that
+natively, with no copy of the cache:
 
-Caching, without reading ``kv_lens`` on the host (no synchronisation):
-- One entry per shape key (device, B, S, H, page-table row stride, q/kv dtypes, split cap)
-  owns every buffer, allocated once with the sizes ``get_mla_metadata_info_v1`` gives.
-- Its contents are stamped with the identity of the ``kv_lens`` tensor (weak reference),
-  its ``_version`` counter and its data pointer (``None`` = every row full, a constant).
-  A call whose stamp matches reuses everything; otherwise the page table is rebuilt with
-  torch ops on the device and the metadata kernel rerun into the same buffers.
-- Limits: ``_version`` counts in-place torch ops; writes that bypass it (``.data``, DLPack
-  or numpy aliases, raw kernels) are not seen, so such callers must pass a fresh tensor.
-  A new tensor with equal values is a (correct, slower) miss. During CUDA-graph capture the
-  rebuild is always recorded, so graph replays follow kv_lens updates. Buffers are rewritten
-  in place: calls sharing a shape must stay on one stream.
+- dense [B, S, 576] rows: pages of one token; row b's token t is page ``b * row_pages + t``;
+- block table: row b's first ``cdiv(len, page_size)`` entries, compacted;
+- ragged page list: row b's first ``cdiv(len, page_size)`` pages of
+  ``kv_indices[kv_indptr[b]:]`` (a row may own more pages than its length needs), compacted.
+
+Buffers are allocated once per plan with sizes known on the host (no read of the lengths);
+``refresh`` recomputes their contents from ``kv_lens`` with torch ops and reruns aiter's
+metadata kernel, all on the device (no synchronisation, capturable). Page ids are clamped
+to the cache so a bad table can never make aiter read outside it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from tilegym.ops.aiter.support import AiterAPI
+from tilegym.ops.contract import DENSE, PAGED, MLADecodeCall
+from tilegym.utils import cdiv
 
-PAGE_SIZE = 1  # one token per page: a [tokens, 576] cache is aiter's kv_buffer as is
 KV_GRANULARITY = 16  # tokens per unit when the metadata kernel cuts a row into splits
+WIDTH = 576  # latent 512 + rope 64: one aiter cache row
 
 
 @dataclass(frozen=True)
-class MetadataKey:
-    """What the buffers' sizes and the page table's shape depend on."""
+class CacheGeometry:
+    """How the call's cache is aiter's kv_buffer: page size, dense row stride in pages, page count."""
 
-    device: torch.device
-    batch: int
-    seq_len: int
-    heads: int
-    row_pages: int  # page-id distance between consecutive batch rows of the cache
-    q_dtype: torch.dtype
-    kv_dtype: torch.dtype
-    max_split_per_batch: int  # -1: the metadata kernel balances splits over the CUs
+    page_size: int
+    row_pages: int  # dense only: page-id distance between consecutive batch rows
+    num_pages: int
+    dense: bool
 
 
-class DecodeMetadata:
-    """Index tensors and the persistent schedule for one shape; contents follow kv_lens."""
+def cache_reasons(call: MLADecodeCall) -> list[str]:
+    """Why the cache cannot be viewed as aiter's kv_buffer without a copy (empty: it can)."""
+    if not call.kv_shares_buffer_with_kpe():
+        return [
+            "aiter reads 576-wide cache rows: kv and kpe must be column views of one [..., 576] buffer "
+            "(separately stored kv/kpe would need a copy of the whole cache on every call)"
+        ]
+    if call.layout == DENSE and call.batch > 1:
+        row_stride = call.kv.stride(0)
+        if row_stride % WIDTH or row_stride < call.seq_len * WIDTH:
+            return [f"aiter needs dense batch rows a whole number of 576-wide tokens apart, got stride {row_stride}"]
+    return []
 
-    def __init__(self, api: AiterAPI, key: MetadataKey) -> None:
-        self.key = key
-        device, batch = key.device, key.batch
+
+def geometry(call: MLADecodeCall) -> CacheGeometry:
+    if call.layout == DENSE:
+        row_pages = call.kv.stride(0) // WIDTH if call.batch > 1 else call.seq_len
+        return CacheGeometry(1, row_pages, (call.batch - 1) * row_pages + call.seq_len, True)
+    return CacheGeometry(call.page_size, 0, call.num_pages, False)
+
+
+def kv_buffer(kv: torch.Tensor, geo: CacheGeometry) -> torch.Tensor:
+    """aiter's kv_buffer [pages, page_size, 1, 576]: a view of the buffer ``kv`` is a column view of."""
+    page_stride = WIDTH if geo.dense else kv.stride(0)
+    return kv.as_strided((geo.num_pages, geo.page_size, 1, WIDTH), (page_stride, WIDTH, WIDTH, 1))
+
+
+class AiterMetadata:
+    """Page table and persistent schedule for one plan; ``refresh`` follows ``kv_lens``."""
+
+    def __init__(self, api: AiterAPI, call: MLADecodeCall, q_dtype: torch.dtype, max_split_per_batch: int) -> None:
+        self.api, self.call = api, call
+        self.geo = geometry(call)
+        self.max_split_per_batch = max_split_per_batch
+        self.q_dtype = q_dtype
+        batch, device = call.batch, call.device
+        entries = max(1, self._most_entries())
         self.qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)  # one query token per row
         self.kv_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=device)
-        self.kv_indices = torch.empty(batch * key.seq_len, dtype=torch.int32, device=device)
-        self.kv_last_page_lens = torch.full((batch,), PAGE_SIZE, dtype=torch.int32, device=device)
-        self._slots = torch.arange(batch * key.seq_len, dtype=torch.int32, device=device)
-        info = api.get_mla_metadata_info_v1(batch, 1, key.heads, key.q_dtype, key.kv_dtype, False)
+        self.kv_indices = torch.zeros(entries, dtype=torch.int32, device=device)
+        self.kv_last_page_lens = torch.ones(batch, dtype=torch.int32, device=device)
+        self.empty_rows = torch.zeros(batch, dtype=torch.bool, device=device)
+        self._slots = torch.arange(entries, dtype=torch.int64, device=device)
+        info = api.get_mla_metadata_info_v1(batch, 1, call.heads, q_dtype, call.kv.dtype, False)
         (
             self.work_meta_data,
             self.work_indptr,
@@ -69,35 +93,55 @@ class DecodeMetadata:
             self.reduce_final_map,
             self.reduce_partial_map,
         ) = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info)
-        self.empty_rows: torch.Tensor | None = None  # bool [B]; None when every row is full
-        self._stamp: tuple[object, ...] | None = None
+        self.refresh()
 
-    @staticmethod
-    def stamp_of(kv_lens: torch.Tensor | None) -> tuple[object, ...]:
-        if kv_lens is None:
-            return ("full",)
-        return (kv_lens._version, kv_lens.data_ptr())
+    def _most_entries(self) -> int:
+        c = self.call
+        if c.layout == DENSE:
+            return c.batch * c.seq_len
+        if c.layout == PAGED:
+            return c.batch * c.block_table.shape[1]
+        return c.kv_indices.numel()
 
-    def matches(self, kv_lens: torch.Tensor | None) -> bool:
-        if self._stamp is None or self._stamp[1:] != self.stamp_of(kv_lens):
-            return False
-        owner = self._stamp[0]
-        return owner is None if kv_lens is None else owner() is kv_lens
-
-    def rebuild(self, api: AiterAPI, kv_lens: torch.Tensor | None) -> None:
-        """Recompute page table and schedule from ``kv_lens`` (clamped to [0, S]) on the device."""
-        key = self.key
-        if kv_lens is None:
-            lengths = torch.full((key.batch,), key.seq_len, dtype=torch.int32, device=key.device)
+    def _lengths_and_pages(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(tokens, pages, first own page in kv_indices for ragged rows) per row, on the device."""
+        c, ps = self.call, self.geo.page_size
+        if c.kv_lens is None:
+            lens = torch.full((c.batch,), c.seq_len, dtype=torch.int64, device=c.device)
         else:
-            lengths = kv_lens.clamp(0, key.seq_len)
-        self.kv_indptr[1:].copy_(torch.cumsum(lengths, dim=0))
-        self._fill_page_table()
-        api.get_mla_metadata_v1(
+            lens = c.kv_lens.long().clamp(0, c.seq_len)
+        starts = None
+        if c.layout == "ragged":
+            nnz = c.kv_indices.numel()
+            starts = c.kv_indptr[:-1].long().clamp(0, nnz)
+            own = torch.maximum(c.kv_indptr[1:].long().clamp(0, nnz), starts) - starts
+            lens = torch.minimum(lens, own * ps)
+        return lens, torch.div(lens + (ps - 1), ps, rounding_mode="floor"), starts
+
+    def refresh(self) -> None:
+        """Recompute the page table and aiter's schedule from the call's current lengths."""
+        c, geo = self.call, self.geo
+        lens, pages, starts = self._lengths_and_pages()
+        self.kv_indptr[1:].copy_(torch.cumsum(pages, 0))
+        ends = self.kv_indptr[1:].long()
+        row = torch.searchsorted(ends, self._slots, right=True).clamp_(max=c.batch - 1)
+        within = self._slots - self.kv_indptr[row].long()
+        if c.layout == DENSE:
+            ids = row * geo.row_pages + within
+        elif c.layout == PAGED:
+            ids = c.block_table.long()[row, within.clamp(0, c.block_table.shape[1] - 1)]
+        else:
+            ids = c.kv_indices.long()[(starts[row] + within).clamp(0, max(0, c.kv_indices.numel() - 1))]
+        used = self._slots < ends[-1]
+        self.kv_indices.copy_(torch.where(used, ids.clamp(0, geo.num_pages - 1), 0))
+        last = lens - (pages - 1) * geo.page_size
+        self.kv_last_page_lens.copy_(torch.where(pages > 0, last, geo.page_size))
+        self.empty_rows.copy_(lens == 0)
+        self.api.get_mla_metadata_v1(
             self.qo_indptr,
             self.kv_indptr,
             self.kv_last_page_lens,
-            key.heads,  # query heads per KV head
+            c.heads,  # query heads per KV head
             1,  # KV heads
             True,  # causal (a no-op for one query token)
             self.work_meta_data,
@@ -106,24 +150,15 @@ class DecodeMetadata:
             self.reduce_indptr,
             self.reduce_final_map,
             self.reduce_partial_map,
-            page_size=PAGE_SIZE,
+            page_size=geo.page_size,
             kv_granularity=KV_GRANULARITY,
             max_seqlen_qo=1,
             uni_seqlen_qo=1,
             fast_mode=True,
-            max_split_per_batch=key.max_split_per_batch,
-            dtype_q=key.q_dtype,
-            dtype_kv=key.kv_dtype,
+            max_split_per_batch=self.max_split_per_batch,
+            dtype_q=self.q_dtype,
+            dtype_kv=c.kv.dtype,
         )
-        self.empty_rows = None if kv_lens is None else lengths == 0
-        self._stamp = (None if kv_lens is None else weakref.ref(kv_lens), *self.stamp_of(kv_lens))
-
-    def _fill_page_table(self) -> None:
-        """kv_indices[kv_indptr[b] + t] = b * row_pages + t for t < len_b; unused slots point at page 0."""
-        ends = self.kv_indptr[1:]
-        row = torch.searchsorted(ends, self._slots, right=True).clamp_(max=self.key.batch - 1)
-        pages = row * self.key.row_pages + (self._slots - self.kv_indptr[row])
-        self.kv_indices.copy_(torch.where(self._slots < ends[-1], pages, 0))
 
     def decode_kwargs(self) -> dict[str, torch.Tensor]:
         """The persistent-mode keyword arguments of ``mla_decode_fwd``."""
@@ -137,30 +172,8 @@ class DecodeMetadata:
         }
 
 
-class MetadataCache:
-    """Least-recently-used ``DecodeMetadata`` per key; a lock keeps a checkout and its launch together."""
-
-    def __init__(self, capacity: int = 32) -> None:
-        self.capacity = capacity
-        self._entries: OrderedDict[MetadataKey, DecodeMetadata] = OrderedDict()
-        self._lock = threading.RLock()
-
-    @contextlib.contextmanager
-    def checkout(
-        self, api: AiterAPI, key: MetadataKey, kv_lens: torch.Tensor | None, *, force_rebuild: bool = False
-    ) -> Iterator[DecodeMetadata]:
-        """Metadata for ``key`` matching ``kv_lens``, held exclusively inside the block."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = DecodeMetadata(api, key)
-                while len(self._entries) > self.capacity:
-                    self._entries.popitem(last=False)
-            self._entries.move_to_end(key)
-            if force_rebuild or not entry.matches(kv_lens):
-                entry.rebuild(api, kv_lens)
-            yield entry
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+def max_split_per_batch(call: MLADecodeCall) -> int:
+    """aiter's cap on splits per row: from ``kv_len_per_split``, else -1 (its scheduler balances)."""
+    if call.kv_len_per_split is None:
+        return -1
+    return max(1, cdiv(call.length_hint, call.kv_len_per_split))

@@ -161,8 +161,21 @@ def _shape_reasons(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
+def _layout_reasons(call: MLADecodeCall) -> list[str]:
+    from tilegym.ops.aiter.metadata import cache_reasons
+
+    reasons = []
+    if call.q_len > 1:
+        reasons.append(
+            f"the aiter adapter maps one new token per row; got Q = {call.q_len} (aiter's multi-token "
+            "decode kernels are not mapped yet)"
+        )
+    return reasons + cache_reasons(call)
+
+
 def mla_decode_reasons(call: MLADecodeCall) -> list[str]:
     """Why aiter's MLA decode cannot run ``call`` (one KV head always holds in tilegym's contract)."""
     arch, reasons = _arch_reasons(call)
     dtype_reasons = _dtype_reasons(call, arch)
-    return reasons + dtype_reasons + (_shape_reasons(call) if not dtype_reasons else [])
+    shape_reasons = _shape_reasons(call) if not dtype_reasons else []
+    return reasons + dtype_reasons + shape_reasons + _layout_reasons(call)

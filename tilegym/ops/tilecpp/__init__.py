@@ -2,7 +2,7 @@
 
 Nothing here imports torch's CUDA state, cuda-bindings or the toolchain at import time: the
 probe and the kernel modules are consulted only when an op or ``info`` asks. The registered
-functions are named ``run_*`` so they never shadow the kernel submodules of the same names.
+functions are named ``plan_*`` / ``run_*`` so they never shadow the kernel submodules.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def _mla_supports(call: Any) -> list[str]:
 
 
 @register_impl("mla_decoding_split_kv", "tilecpp", vendors=NVIDIA, supports=_mla_supports)
-def run_mla_decoding_split_kv(call: Any) -> Any:
-    from tilegym.ops.tilecpp.mla_decoding_split_kv import mla_decoding_split_kv as run
+def plan_mla_decoding_split_kv(call: Any) -> Any:
+    from tilegym.ops.tilecpp.mla_decoding_split_kv import plan
 
-    return run(call)
+    return plan(call)
 
 
 def _splitk_supports(call: Any) -> list[str]:

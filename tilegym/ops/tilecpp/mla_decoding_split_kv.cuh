@@ -1,38 +1,46 @@
-// MLA decoding, split-KV stage: one program = (split, head group, batch row).
+// MLA decoding over a split schedule: one program = (work slot, query-row group).
 //
-// Each program attends BLOCK_H query heads of one batch row to the KV tokens of one split,
-// BLOCK_N tokens per step. It loads a [BLOCK_N, 512] latent tile and a [BLOCK_N, 64] rope tile
-// ONCE per step and uses them for all BLOCK_H heads: as K for the scores
+// The schedule (tilegym/ops/schedule.py) cuts the step's KV blocks into equal pieces; work slot
+// `slot` is the overlap of piece `slot - b` with batch row b = work_row[slot]. The program attends
+// BLOCK_H query rows (new token x head pairs, r = token * heads + head) of row b to that row's
+// KV blocks [lo, hi), BLOCK_N tokens per step. It loads a [BLOCK_N, 512] latent tile and a
+// [BLOCK_N, 64] rope tile ONCE per step and uses them for all BLOCK_H rows: as K for the scores
 // (S^T[N, H] = kv[N, 512] . q^T[512, H] + kpe[N, 64] . qpe^T[64, H]) and as V for the output
 // (acc^T[512, H] += kv^T[512, N] . P^T[N, H]), with an online (exp2) softmax in float32.
-// It writes the split's normalised float32 output and its natural-log lse; splitk_reduce.cuh
-// merges the splits. With a single split the program writes the final output (dtype T) and
-// lse directly and no combine runs.
-// OCCUPANCY is the compiler hint for CTAs per SM (2 makes it fit two ~110 KB programs per SM).
+// A segment that is the whole row writes the final output (dtype T) and lse; the others write a
+// float32 partial output and natural-log lse to their slot, merged by mla_decode_combine.cuh.
 //
-// Memory traffic per program (bf16/fp16, D = 512, P = 64, L = tokens of its split):
-//   reads  L * 576 * 2 B of KV (once, whatever BLOCK_H) + BLOCK_H * 576 * 2 B of q/qpe,
-//   writes BLOCK_H * (512 + 1) * 4 B of partial output and lse (one split: BLOCK_H * 512 * 2 B).
-// Whole launch: B * S * 1152 B of KV per head group (the minimum when one group holds all heads)
-//   + B * H * N_splits * 2052 B of partials, which splitk_reduce reads back once.
+// LAYOUT: 0 dense rows (kv[b, t]); 1 pages of at least BLOCK_N tokens (one page id per step, the
+// tile is contiguous like a dense one); 2 smaller pages (one page id per token, gathered rows).
+// Page ids come from a block-table row (ragged = 0) or from kv_indices[kv_indptr[b]:] (ragged =
+// 1); they are clamped to [0, num_pages), lengths were clamped to the row's pages by the
+// schedule: no read leaves the cache. Causal MTP: token i of a row of length L sees positions
+// < L - q_len + 1 + i.
+// OCCUPANCY is the compiler hint for CTAs per SM.
 //
-// Sizes (heads, seq_len, splits, strides, kv_lens) are runtime arguments; only the dtype and
-// the tile shape are template parameters. Strides are in elements; kv/kpe rows and q/qpe
-// heads must be 16-byte aligned (the launcher checks), so loads are 128-bit vectors.
+// Memory traffic per program (bf16/fp16, D = 512, P = 64, L = tokens of its segment):
+//   reads  L * 576 * 2 B of KV (once, whatever BLOCK_H) + BLOCK_H * 576 * 2 B of queries
+//          (+ one 4-byte page id per step or per token with pages),
+//   writes BLOCK_H * 512 * 4 B of partial output + BLOCK_H * 4 B of lse (whole row: * 2 B, final).
+// Whole launch with one query-row group: the cache of the tokens present, once.
+//
+// Sizes, strides, lengths and the schedule are runtime arguments; only the dtype, the tile shape
+// and the layout kind are template parameters. Strides are in elements; rows must be 16-byte
+// aligned (the launcher checks), so loads are 128-bit vectors.
 #pragma once
 
 #include "common.cuh"
 
-template <typename T, int BLOCK_H, int BLOCK_N, int OCCUPANCY>
+template <typename T, int BLOCK_H, int BLOCK_N, int OCCUPANCY, int LAYOUT>
 [[using cutile: hint(0, occupancy = OCCUPANCY)]]
-__tile_global__ void mla_split_kv_kernel(const T* __restrict__ q, const T* __restrict__ qpe,
-                                         const T* __restrict__ kv, const T* __restrict__ kpe,
-                                         const int* __restrict__ kv_lens, float* __restrict__ partial_out,
-                                         float* __restrict__ partial_lse, T* __restrict__ out,
-                                         float* __restrict__ out_lse, int heads, int seq_len, int num_splits,
-                                         int kv_len_per_split, int has_kv_lens, int write_lse, long long q_sb,
-                                         long long q_sh, long long qpe_sb, long long qpe_sh, long long kv_sb,
-                                         long long kv_ss, long long kpe_sb, long long kpe_ss, float qk_scale_log2) {
+__tile_global__ void mla_decode_split_kernel(
+    const T* __restrict__ q, const T* __restrict__ qpe, const T* __restrict__ kv, const T* __restrict__ kpe,
+    const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
+    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ work_row,
+    T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
+    int heads, int q_len, int query_rows, int causal, int write_lse, int page_size, int num_pages, int num_indices,
+    int ragged, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb, long long qpe_sq, long long qpe_sh,
+    long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1, long long table_sb, float qk_scale_log2) {
   namespace ct = cuda::tiles;
   constexpr int D = 512;  // latent width: K's first D columns and all of V
   constexpr int P = 64;   // rope width: the rest of K
@@ -48,88 +56,125 @@ __tile_global__ void mla_split_kv_kernel(const T* __restrict__ q, const T* __res
   qpe = ct::assume_aligned<16>(qpe);
   kv = ct::assume_aligned<16>(kv);
   kpe = ct::assume_aligned<16>(kpe);
-  partial_out = ct::assume_aligned<16>(partial_out);
+  part_out = ct::assume_aligned<16>(part_out);
   q_sb = ct::assume_divisible<8>(q_sb);
+  q_sq = ct::assume_divisible<8>(q_sq);
   q_sh = ct::assume_divisible<8>(q_sh);
   qpe_sb = ct::assume_divisible<8>(qpe_sb);
+  qpe_sq = ct::assume_divisible<8>(qpe_sq);
   qpe_sh = ct::assume_divisible<8>(qpe_sh);
-  kv_sb = ct::assume_divisible<8>(kv_sb);
-  kv_ss = ct::assume_divisible<8>(kv_ss);
-  kpe_sb = ct::assume_divisible<8>(kpe_sb);
-  kpe_ss = ct::assume_divisible<8>(kpe_ss);
+  kv_s0 = ct::assume_divisible<8>(kv_s0);
+  kv_s1 = ct::assume_divisible<8>(kv_s1);
+  kpe_s0 = ct::assume_divisible<8>(kpe_s0);
+  kpe_s1 = ct::assume_divisible<8>(kpe_s1);
 
-  const int split = ct::bid().x;
-  const int h0 = ct::bid().y * BLOCK_H;
-  const int b = ct::bid().z;
-
-  // This split covers tokens [start, stop): clamp the row length to [0, seq_len] first.
-  int len = seq_len;
-  if (has_kv_lens) {
-    len = kv_lens[b];
-    len = len < 0 ? 0 : (len > seq_len ? seq_len : len);
+  const int slot = ct::bid().x;
+  const int r0 = ct::bid().y * BLOCK_H;
+  const int b = work_row[slot];
+  const int per = blocks_per_program[0];
+  const int row_begin = cum_blocks[b];
+  const int row_end = cum_blocks[b + 1];
+  const int piece_begin = (slot - b) * per;
+  const int lo = piece_begin > row_begin ? piece_begin : row_begin;
+  const int hi = piece_begin + per < row_end ? piece_begin + per : row_end;
+  if (lo >= hi) {
+    return;  // an unused slot: no segment of any row lands here
   }
-  const int start = split * kv_len_per_split;
-  const int stop = start + kv_len_per_split < len ? start + kv_len_per_split : len;
+  const bool whole = lo == row_begin && hi == row_end;
+  const int len = lens[b];
 
-  auto h = ct::iota<i32_H>();
-  auto h_ok = (h + h0) < heads;
-  auto h_col = ct::reshape(h, ct::shape<BLOCK_H, 1>{});
-  auto h_ok_col = ct::reshape(h_ok, ct::shape<BLOCK_H, 1>{});
+  auto r = ct::iota<i32_H>() + r0;
+  auto r_ok = r < query_rows;
+  auto token = r / ct::full<i32_H>(heads);
+  auto head = r - token * heads;
+  auto r_ok_col = ct::reshape(r_ok, ct::shape<BLOCK_H, 1>{});
   auto d_row = ct::reshape(ct::iota<i32_D>(), ct::shape<1, D>{});
   auto p_row = ct::reshape(ct::iota<i32_P>(), ct::shape<1, P>{});
   auto n_col = ct::reshape(ct::iota<i32_N>(), ct::shape<BLOCK_N, 1>{});
 
-  const T* q_base = q + b * q_sb + h0 * q_sh;
-  const T* qpe_base = qpe + b * qpe_sb + h0 * qpe_sh;
-  auto q_dh = ct::transpose(ct::load_masked(q_base + (h_col * (int)q_sh + d_row), h_ok_col, T(0)));
-  auto qpe_ph = ct::transpose(ct::load_masked(qpe_base + (h_col * (int)qpe_sh + p_row), h_ok_col, T(0)));
+  // Query rows stay inside one batch row: their offsets are small int32.
+  auto q_rows = ct::reshape(token * (int)q_sq + head * (int)q_sh, ct::shape<BLOCK_H, 1>{});
+  auto qpe_rows = ct::reshape(token * (int)qpe_sq + head * (int)qpe_sh, ct::shape<BLOCK_H, 1>{});
+  auto q_dh = ct::transpose(ct::load_masked(q + b * q_sb + (q_rows + d_row), r_ok_col, T(0)));
+  auto qpe_ph = ct::transpose(ct::load_masked(qpe + b * qpe_sb + (qpe_rows + p_row), r_ok_col, T(0)));
+
+  // Causal MTP: the last position each query row may see (exclusive), as a [1, BLOCK_H] row.
+  auto limit_h = causal ? (token + (len - q_len + 1)) : ct::full<i32_H>(len);
+  auto limit = ct::reshape(limit_h, ct::shape<1, BLOCK_H>{});
+
+  const int* table_row = table;
+  if (LAYOUT != 0) {
+    if (ragged) {
+      int start = indptr[b];
+      start = start < 0 ? 0 : (start > num_indices ? num_indices : start);
+      table_row = table + start;
+    } else {
+      table_row = table + b * table_sb;
+    }
+  }
 
   auto m = ct::full<f32_1H>(-INFINITY);  // running max of the log2-scaled scores
   auto l = ct::zeros<f32_1H>();           // running sum of exp2(score - m)
   auto acc = ct::zeros<f32_DH>();         // running unnormalised output, transposed
 
-  // Offsets inside one [BLOCK_N, *] step stay small, so they are int32; the step's base
-  // pointer carries the (64-bit) batch and token offsets.
-  auto kv_offs = n_col * (int)kv_ss + d_row;
-  auto kpe_offs = n_col * (int)kpe_ss + p_row;
-  const int num_blocks = stop > start ? (stop - start + BLOCK_N - 1) / BLOCK_N : 0;
-  for (int blk : ct::irange(0, num_blocks)) {
-    const int pos0 = start + blk * BLOCK_N;
-    auto row_ok = (n_col + pos0) < stop;
-    const T* kv_blk = kv + b * kv_sb + pos0 * kv_ss;
-    const T* kpe_blk = kpe + b * kpe_sb + pos0 * kpe_ss;
-    auto kv_t = ct::load_masked(kv_blk + kv_offs, row_ok, T(0));
-    auto kpe_t = ct::load_masked(kpe_blk + kpe_offs, row_ok, T(0));
+  // Offsets inside one contiguous [BLOCK_N, *] step stay small (int32); the step's base pointer
+  // carries the 64-bit row, page and token offsets.
+  auto kv_offs = n_col * (int)kv_s1 + d_row;
+  auto kpe_offs = n_col * (int)kpe_s1 + p_row;
+  for (int blk : ct::irange(lo - row_begin, hi - row_begin)) {
+    const int pos0 = blk * BLOCK_N;
+    auto pos = n_col + pos0;
+    auto row_ok = pos < len;
+    ct::tile<T, ct::shape<BLOCK_N, D>> kv_t;
+    ct::tile<T, ct::shape<BLOCK_N, P>> kpe_t;
+    if constexpr (LAYOUT == 0) {
+      kv_t = ct::load_masked(kv + b * kv_s0 + pos0 * kv_s1 + kv_offs, row_ok, T(0));
+      kpe_t = ct::load_masked(kpe + b * kpe_s0 + pos0 * kpe_s1 + kpe_offs, row_ok, T(0));
+    } else if constexpr (LAYOUT == 1) {
+      int page = table_row[pos0 / page_size];
+      page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+      const long long slot0 = pos0 % page_size;
+      kv_t = ct::load_masked(kv + page * kv_s0 + slot0 * kv_s1 + kv_offs, row_ok, T(0));
+      kpe_t = ct::load_masked(kpe + page * kpe_s0 + slot0 * kpe_s1 + kpe_offs, row_ok, T(0));
+    } else {
+      auto page = ct::load_masked(table_row + pos / ct::full<ct::tile<int, ct::shape<BLOCK_N, 1>>>(page_size), row_ok, 0);
+      page = ct::select(page < 0, ct::zeros<ct::tile<int, ct::shape<BLOCK_N, 1>>>(), page);
+      page = ct::select(page >= num_pages, ct::full<ct::tile<int, ct::shape<BLOCK_N, 1>>>(num_pages - 1), page);
+      auto in_page = pos - (pos / ct::full<ct::tile<int, ct::shape<BLOCK_N, 1>>>(page_size)) * page_size;
+      auto kv_rows = ct::element_cast<long long>(page) * kv_s0 + ct::element_cast<long long>(in_page) * kv_s1;
+      auto kpe_rows = ct::element_cast<long long>(page) * kpe_s0 + ct::element_cast<long long>(in_page) * kpe_s1;
+      kv_t = ct::load_masked(kv + (kv_rows + ct::element_cast<long long>(d_row)), row_ok, T(0));
+      kpe_t = ct::load_masked(kpe + (kpe_rows + ct::element_cast<long long>(p_row)), row_ok, T(0));
+    }
     auto s = ct::mma(kpe_t, qpe_ph, ct::mma(kv_t, q_dh, ct::zeros<f32_NH>()));
-    s = ct::select(row_ok, s * qk_scale_log2, ct::full<f32_NH>(-INFINITY));
-    // Every step holds at least one valid token, so m_new is finite from the first step on.
+    s = ct::select(pos < limit, s * qk_scale_log2, ct::full<f32_NH>(-INFINITY));
     auto m_new = ct::max(m, ct::reduce_max(s, ct::integral_constant<0>{}));
-    auto p = ct::exp2(s - m_new);
-    auto alpha = ct::exp2(m - m_new);
+    // A query row that sees no token of this step (causal MTP) keeps m = -inf: shift by 0 then.
+    auto m_safe = ct::select(m_new == -INFINITY, ct::zeros<f32_1H>(), m_new);
+    auto p = ct::exp2(s - m_safe);
+    auto alpha = ct::exp2(m - m_safe);
     l = l * alpha + ct::sum(p, ct::integral_constant<0>{});
     acc = ct::mma(ct::transpose(kv_t), ct::element_cast<T>(p), acc * alpha);
     m = m_new;
   }
 
-  // An empty split (no valid token) writes zeros and lse = -inf, which the combine ignores.
+  // A query row that saw no token writes zeros and lse = -inf (the combine ignores it).
   auto nonempty = l > 0.0f;
   auto out_dh = acc / ct::select(nonempty, l, ct::full<f32_1H>(1.0f));
   auto lse = ct::select(nonempty, (m + ct::log2(l)) * tilegym::kLn2, ct::full<f32_1H>(-INFINITY));
-
-  auto h_row_ok = ct::reshape(h_ok, ct::shape<1, BLOCK_H>{});
-  if (num_splits == 1) {
-    // One split: this program's result is final. Write out [B, H, D] (contiguous) in T and the
-    // lse [B, H] when asked, and skip the combine.
-    T* out_base = out + ((long long)b * heads + h0) * D;
-    ct::store_masked(out_base + (h_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), h_ok_col);
+  auto r_col = ct::reshape(r, ct::shape<BLOCK_H, 1>{});
+  if (whole) {
+    // out [B, Q, H, D] and lse [B, Q, H], contiguous: query row r of batch row b is b * query_rows + r.
+    T* out_base = out + (long long)b * query_rows * D;
+    ct::store_masked(out_base + (r_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), r_ok_col);
     if (write_lse) {
-      ct::store_masked(out_lse + ((long long)b * heads + h0) + ct::reshape(h, ct::shape<1, BLOCK_H>{}), lse, h_row_ok);
+      ct::store_masked(out_lse + (long long)b * query_rows + ct::reshape(r, ct::shape<1, BLOCK_H>{}), lse,
+                       ct::reshape(r_ok, ct::shape<1, BLOCK_H>{}));
     }
   } else {
-    // partial_out [B, H, num_splits, D] and partial_lse [B, H, num_splits], contiguous.
-    float* out_base = partial_out + (((long long)b * heads + h0) * num_splits + split) * D;
-    ct::store_masked(out_base + (h_col * (num_splits * D) + d_row), ct::transpose(out_dh), h_ok_col);
-    float* lse_base = partial_lse + ((long long)b * heads + h0) * num_splits + split;
-    ct::store_masked(lse_base + h * num_splits, ct::reshape(lse, ct::shape<BLOCK_H>{}), h_ok);
+    // part_out [slots, query_rows, D] and part_lse [slots, query_rows], contiguous.
+    float* part_base = part_out + (long long)slot * query_rows * D;
+    ct::store_masked(part_base + (r_col * D + d_row), ct::transpose(out_dh), r_ok_col);
+    ct::store_masked(part_lse + (long long)slot * query_rows + r, ct::reshape(lse, ct::shape<BLOCK_H>{}), r_ok);
   }
 }

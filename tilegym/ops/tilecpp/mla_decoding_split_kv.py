@@ -1,10 +1,12 @@
-"""Launcher of the Tile C++ MLA split-KV kernel (``mla_decoding_split_kv.cuh``) + its combine.
+"""Launcher of the Tile C++ MLA decode over a split schedule, and its plan.
 
-Stage 1 launches (splits, head groups, B) programs; each writes a float32 partial output and
-lse per split. Stage 2 (``splitk_reduce.cuh``) merges the splits into ``call.out`` and the lse.
-With a single split the first stage writes the final output itself and no combine runs.
-Variants: dtype (bf16, fp16) x tile config (heads per program, tokens per step, occupancy
-hint); sizes and strides are runtime arguments, so a new shape never compiles anything.
+Stage 1 (``mla_decoding_split_kv.cuh``) launches (work slots, query-row groups) programs, one
+per schedule segment (``tilegym.ops.schedule``); a segment that is a whole row writes the
+final output, the others float32 partials. Stage 2 (``mla_decoding_combine.cuh``) merges the
+rows split over several segments and zeroes empty rows. Variants: dtype (bf16, fp16) x tile
+config (query rows per program, tokens per step) x layout kind (dense rows, one page per
+step, gathered small pages); sizes, strides, lengths and the schedule are runtime
+arguments, so a new shape or batch never compiles anything.
 """
 
 from __future__ import annotations
@@ -15,98 +17,102 @@ from dataclasses import dataclass
 
 import torch
 
-from tilegym.ops.contract import MLADecodeCall
-from tilegym.ops.split_plan import SplitPlan, plan_mla_splits
+from tilegym.ops.contract import DENSE, MLADecodeCall
+from tilegym.ops.schedule import SplitSchedule, schedule_shape
 from tilegym.ops.tilecpp.loader import TileCppKernel
-from tilegym.ops.tilecpp.splitk_reduce import (
-    C_TYPES,
-    MAX_GRID_YZ,
-    Tile,
-    combine_kernel,
-    default_tiles,
-    device_arch,
-    launch_combine,
-    on_device,
-)
+from tilegym.ops.tilecpp.splitk_reduce import C_TYPES, device_arch
 from tilegym.utils import cdiv
 
 HEADER = "mla_decoding_split_kv.cuh"
-KERNEL = "mla_split_kv_kernel"
+KERNEL = "mla_decode_split_kernel"
+COMBINE_HEADER = "mla_decoding_combine.cuh"
+COMBINE_KERNEL = "mla_decode_combine_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_INT32 = 2**31 - 1
-MAX_BLOCK_N = 128  # largest tokens-per-step of any variant
-PARAM_TYPES_AFTER_POINTERS = (*("int",) * 6, *("long long",) * 8, "float")
+MAX_GRID_YZ = 65535
+DENSE_ROWS, PAGE_PER_STEP, GATHERED_PAGES = 0, 1, 2  # the kernel's LAYOUT template argument
+LAYOUT_KINDS = (DENSE_ROWS, PAGE_PER_STEP, GATHERED_PAGES)
+COMBINE_TILE = (16, 64)  # (query rows, columns) per combine program
+SPLIT_PARAMS = (*("int",) * 9, *("long long",) * 11, "float")
+COMBINE_PARAMS = ("const float*", "const float*", "const int*", "const int*")
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Heads per program, KV tokens per step, occupancy hint (CTAs per SM) of the split kernel."""
+    """Query rows per program, KV tokens per step, occupancy hint (CTAs per SM) of the split kernel."""
 
     block_h: int
     block_n: int
     occupancy: int
 
-    @property
-    def programs_per_sm(self) -> int:
-        return self.occupancy
-
 
 # Library defaults (the best of the configs measured on the H200, benchmarks/NOTES_tilecpp.md):
-# up to 16 heads -> 16-head programs, 64 tokens per step; more heads -> 32-head programs, 128
-# tokens per step. Each uses 150-190 KB of shared memory: one program per SM.
+# up to 16 query rows -> 16-row programs, 64 tokens per step; more -> 32-row programs, 128 tokens
+# per step. Each uses 150-190 KB of shared memory: one program per SM.
 SMALL_HEADS = TileConfig(16, 64, 1)
 MANY_HEADS = TileConfig(32, 128, 1)
+CONFIGS = (SMALL_HEADS, MANY_HEADS)
 
 
 @functools.cache
-def split_kv_kernel(dtype: torch.dtype, config: TileConfig) -> TileCppKernel:
-    """The split-KV kernel for ``dtype`` inputs with tile config ``config``."""
+def split_kernel(dtype: torch.dtype, config: TileConfig, layout_kind: int) -> TileCppKernel:
+    """The split kernel for ``dtype`` inputs, tile config ``config`` and a layout kind."""
     ctype = C_TYPES[dtype]
-    pointers = (*(f"const {ctype}*",) * 4, "const int*", "float*", "float*", f"{ctype}*", "float*")
-    template_args = (ctype, config.block_h, config.block_n, config.occupancy)
-    return TileCppKernel(HEADER, KERNEL, template_args, (*pointers, *PARAM_TYPES_AFTER_POINTERS))
+    pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
+    template_args = (ctype, config.block_h, config.block_n, config.occupancy, layout_kind)
+    return TileCppKernel(HEADER, KERNEL, template_args, (*pointers, *SPLIT_PARAMS))
 
 
-def all_kernels() -> list[TileCppKernel]:
-    """Every split-KV variant the library may launch."""
-    return [split_kv_kernel(dtype, config) for dtype in DTYPES for config in (SMALL_HEADS, MANY_HEADS)]
-
-
-def choose_config(heads: int) -> TileConfig:
-    """Tile config for a head count: 16-head programs up to 16 heads, else 32-head programs."""
-    return SMALL_HEADS if heads <= SMALL_HEADS.block_h else MANY_HEADS
-
-
-def split_plan(call: MLADecodeCall, config: TileConfig, kv_len_per_split: int | None = None) -> SplitPlan:
-    """The split count for this call: one wave of programs (a user ``kv_len_per_split`` wins).
-
-    One wave of longer splits beat more, shorter splits in every case measured on the H200
-    (benchmarks/NOTES_tilecpp.md); splits may be a single ``block_n`` step long.
-    """
-    return plan_mla_splits(
-        call,
-        heads_per_program=config.block_h,
-        block_n=config.block_n,
-        programs_per_sm=config.programs_per_sm,
-        min_blocks_per_split=1,
-        kv_len_per_split=kv_len_per_split,
+@functools.cache
+def combine_kernel(out_dtype: torch.dtype) -> TileCppKernel:
+    """The combine kernel writing ``out_dtype``."""
+    pointers = (*COMBINE_PARAMS, f"{C_TYPES[out_dtype]}*", "float*")
+    return TileCppKernel(
+        COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *COMBINE_TILE), (*pointers, "int", "int", "int")
     )
 
 
-def _layout_reasons(call: MLADecodeCall) -> list[str]:
+def all_kernels() -> list[TileCppKernel]:
+    """Every decode variant the library may launch."""
+    splits = [split_kernel(d, c, k) for d in DTYPES for c in CONFIGS for k in LAYOUT_KINDS]
+    return splits + [combine_kernel(d) for d in DTYPES]
+
+
+def choose_config(query_rows: int) -> TileConfig:
+    """16-row programs up to 16 query rows, else 32-row programs."""
+    return SMALL_HEADS if query_rows <= SMALL_HEADS.block_h else MANY_HEADS
+
+
+def layout_kind(call: MLADecodeCall, config: TileConfig) -> int:
+    """Dense rows; pages holding a whole step (one id per step); or smaller pages (gathered)."""
+    if call.layout == DENSE:
+        return DENSE_ROWS
+    return PAGE_PER_STEP if call.page_size >= config.block_n else GATHERED_PAGES
+
+
+def _alignment_reasons(call: MLADecodeCall) -> list[str]:
     reasons = []
     for name in ("q", "qpe", "kv", "kpe"):
         t = getattr(call, name)
-        if t.data_ptr() % 16 or t.stride(0) % 8 or t.stride(1) % 8:
+        if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
             reasons.append(
                 f"tilecpp needs {name} rows on 16-byte boundaries (pointer aligned, strides multiples of 8 "
                 f"elements), got strides {t.stride()}"
             )
+    return reasons
+
+
+def _offset_reasons(call: MLADecodeCall, config: TileConfig) -> list[str]:
+    reasons = []
     for name in ("kv", "kpe"):
-        if getattr(call, name).stride(1) * MAX_BLOCK_N > MAX_INT32:
-            reasons.append(f"tilecpp needs {name}.stride(1) * {MAX_BLOCK_N} to fit in int32")
+        if getattr(call, name).stride(1) * config.block_n > MAX_INT32:
+            reasons.append(f"tilecpp needs {name}.stride(1) * {config.block_n} to fit in int32")
+    for name in ("q", "qpe"):
+        t = getattr(call, name)
+        if (call.q_len - 1) * t.stride(1) + (call.heads - 1) * t.stride(2) + t.shape[3] > MAX_INT32:
+            reasons.append(f"tilecpp needs one batch row of {name} to fit in int32 offsets")
     return reasons
 
 
@@ -116,21 +122,15 @@ def supports(call: MLADecodeCall) -> list[str]:
         return ["tilecpp does not implement the fp8 KV cache (bf16/fp16 only)"]
     if (call.head_dim, call.rope_dim) != (HEAD_DIM, ROPE_DIM):
         return [f"tilecpp supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
-    reasons = _layout_reasons(call)
-    config = choose_config(call.heads)
-    if call.batch > MAX_GRID_YZ or cdiv(call.heads, config.block_h) > MAX_GRID_YZ:
-        reasons.append(
-            f"tilecpp launches (splits, H/{config.block_h}, B) programs: B and H/{config.block_h} must be <= 65535"
-        )
-    # Only a user split length can make many splits (the default plan fills about one wave).
-    num_splits = cdiv(call.seq_len, call.kv_len_per_split) if call.kv_len_per_split else 1
-    if num_splits > 1 and call.batch * call.heads * num_splits * HEAD_DIM > MAX_INT32:
-        reasons.append(f"tilecpp's {num_splits} partial outputs per head are too many for int32 offsets")
+    config = choose_config(call.query_rows)
+    reasons = _alignment_reasons(call) + _offset_reasons(call, config)
+    if cdiv(call.query_rows, config.block_h) > MAX_GRID_YZ:
+        reasons.append(f"tilecpp launches Q*H/{config.block_h} query-row groups: at most {MAX_GRID_YZ}")
     if reasons:
         return reasons
     arch = device_arch(call.device)
-    kernels = [("split-KV", split_kv_kernel(call.q.dtype, config))]
-    kernels += [("combine", combine_kernel(torch.float32, call.q.dtype, tile)) for tile in default_tiles()]
+    kernels = [("split", split_kernel(call.q.dtype, config, layout_kind(call, config)))]
+    kernels.append(("combine", combine_kernel(call.q.dtype)))
     for stage, kernel in kernels:
         if not kernel.available(arch):
             reasons.append(
@@ -140,67 +140,93 @@ def supports(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
-def launch_split_kv(
-    call: MLADecodeCall,
-    kernel: TileCppKernel,
-    config: TileConfig,
-    plan: SplitPlan,
-    partials: tuple[torch.Tensor, torch.Tensor] | None,
-    lse: torch.Tensor | None,
-) -> None:
-    """Stage 1: fill ``partials`` (out [B,H,N,D] float32, lse [B,H,N]), or with one split (partials
-    None) ``call.out`` and ``lse`` directly."""
-    q, qpe, kv, kpe = call.q, call.qpe, call.kv, call.kpe
-    partial_out, partial_lse = partials if partials is not None else (None, None)
-    args = (
-        q.data_ptr(),
-        qpe.data_ptr(),
-        kv.data_ptr(),
-        kpe.data_ptr(),
-        0 if call.kv_lens is None else call.kv_lens.data_ptr(),
-        0 if partial_out is None else partial_out.data_ptr(),
-        0 if partial_lse is None else partial_lse.data_ptr(),
-        call.out.data_ptr(),
-        0 if lse is None else lse.data_ptr(),
-        call.heads,
-        call.seq_len,
-        plan.num_splits,
-        min(plan.kv_len_per_split, call.seq_len),
-        int(call.kv_lens is not None),
-        int(lse is not None),
-        q.stride(0),
-        q.stride(1),
-        qpe.stride(0),
-        qpe.stride(1),
-        kv.stride(0),
-        kv.stride(1),
-        kpe.stride(0),
-        kpe.stride(1),
-        call.sm_scale * LOG2E,
-    )
-    grid = (plan.num_splits, cdiv(call.heads, config.block_h), call.batch)
-    kernel.launch(grid, args, torch.cuda.current_stream(call.device).cuda_stream, call.device.index)
+class TileCppDecodePlan:
+    """Config, schedule, workspace and pre-packed arguments of both launches for one call's shapes."""
+
+    def __init__(self, call: MLADecodeCall, config: TileConfig | None = None) -> None:
+        self.call = call
+        self.config = config = config or choose_config(call.query_rows)
+        head_groups = cdiv(call.query_rows, config.block_h)
+        shape = schedule_shape(
+            call, block_n=config.block_n, programs_per_sm=config.occupancy, head_groups=head_groups, min_blocks=1
+        )
+        self.schedule = SplitSchedule(call, shape)
+        rows, device = call.query_rows, call.device
+        self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=torch.float32, device=device)
+        self.part_lse = torch.empty((shape.slots, rows), dtype=torch.float32, device=device)
+        self.split = split_kernel(call.q.dtype, config, layout_kind(call, config))
+        self.combine = combine_kernel(call.q.dtype)
+        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self.split_grid = (shape.slots, head_groups, 1)
+        self.combine_grid = (HEAD_DIM // COMBINE_TILE[1], cdiv(rows, COMBINE_TILE[0]), call.batch)
+        table = call.block_table if call.block_table is not None else call.kv_indices
+        s = self.schedule
+        self._split_schedule = (
+            0 if table is None or table.numel() == 0 else table.data_ptr(),
+            0 if call.kv_indptr is None else call.kv_indptr.data_ptr(),
+            s.lens.data_ptr(),
+            s.cum_blocks.data_ptr(),
+            s.blocks_per_program.data_ptr(),
+            s.work_row.data_ptr(),
+        )
+        self._split_sizes = (
+            call.heads,
+            call.q_len,
+            rows,
+            int(call.causal and call.q_len > 1),
+            int(call.return_lse),
+            call.page_size if call.is_paged else 1,
+            call.num_pages if call.is_paged else 1,
+            0 if call.kv_indices is None else call.kv_indices.numel(),
+            int(call.kv_indptr is not None),
+            *call.q.stride()[:3],
+            *call.qpe.stride()[:3],
+            *call.kv.stride()[:2],
+            *call.kpe.stride()[:2],
+            0 if call.block_table is None else call.block_table.stride(0),
+            call.sm_scale * LOG2E,
+        )
+        self._combine_schedule = (
+            self.part_out.data_ptr(),
+            self.part_lse.data_ptr(),
+            s.cum_blocks.data_ptr(),
+            s.blocks_per_program.data_ptr(),
+        )
+        self._combine_sizes = (rows, HEAD_DIM, int(call.return_lse))
+
+    def refresh(self) -> None:
+        self.schedule.refresh()
+
+    def run(
+        self,
+        q: torch.Tensor,
+        qpe: torch.Tensor,
+        kv: torch.Tensor,
+        kpe: torch.Tensor,
+        kv_scale: torch.Tensor | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        """Both launches on the current stream: write ``out`` (and ``lse`` when given)."""
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
+        out_ptr, lse_ptr = out.data_ptr(), 0 if lse is None else lse.data_ptr()
+        split_args = (
+            q.data_ptr(),
+            qpe.data_ptr(),
+            kv.data_ptr(),
+            kpe.data_ptr(),
+            *self._split_schedule,
+            out_ptr,
+            lse_ptr,
+            self.part_out.data_ptr(),
+            self.part_lse.data_ptr(),
+            *self._split_sizes,
+        )
+        self.split.launch(self.split_grid, split_args, stream, self.device_index)
+        combine_args = (*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes)
+        self.combine.launch(self.combine_grid, combine_args, stream, self.device_index)
 
 
-def mla_decoding_split_kv(
-    call: MLADecodeCall,
-    *,
-    config: TileConfig | None = None,
-    kv_len_per_split: int | None = None,
-    combine_tile: Tile | None = None,
-) -> torch.Tensor | None:
-    """Run the op; the keyword arguments override the defaults (benchmarks)."""
-    config = config or choose_config(call.heads)
-    kernel = split_kv_kernel(call.q.dtype, config)
-    plan = split_plan(call, config, kv_len_per_split)
-    batch, heads, device = call.batch, call.heads, call.device
-    with on_device(device):
-        lse = torch.empty((batch, heads), dtype=torch.float32, device=device) if call.return_lse else None
-        if plan.num_splits == 1:
-            launch_split_kv(call, kernel, config, plan, None, lse)
-            return lse
-        partial_out = torch.empty((batch, heads, plan.num_splits, HEAD_DIM), dtype=torch.float32, device=device)
-        partial_lse = torch.empty((batch, heads, plan.num_splits), dtype=torch.float32, device=device)
-        launch_split_kv(call, kernel, config, plan, (partial_out, partial_lse), None)
-        launch_combine(partial_out, partial_lse, call.out, lse, tile=combine_tile)
-    return lse
+def plan(call: MLADecodeCall) -> TileCppDecodePlan:
+    """The Tile C++ backend's plan for ``call``."""
+    return TileCppDecodePlan(call)

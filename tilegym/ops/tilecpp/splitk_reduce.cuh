@@ -4,7 +4,8 @@
 // BLOCK_S at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile, keeping a running max of the lse
 // and rescaling its float32 sums, so N is a runtime argument:
 //   out[r, d] = sum_n exp(lse[r, n] - max_n lse[r, n]) * partial[r, n, d] / sum_n exp(...).
-// Splits with lse = -inf weigh nothing; a row whose splits are all empty gives zeros.
+// Splits with lse = -inf weigh nothing (their partials may hold anything, NaN included); a row whose
+// splits are all empty gives zeros; NaN in a live split (or an lse of NaN or +inf) gives NaN.
 // With write_lse, the first column block also writes the merged lse (-inf for an empty row).
 // Two shapes are built: many rows x few splits (large batch) and one row x many splits (long
 // sequences, few rows); both keep BLOCK_R * BLOCK_S * BLOCK_D elements in flight per step.
@@ -71,17 +72,21 @@ __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, c
     auto alpha = ct::exp2((m - shift) * tilegym::kLog2e);
     auto w = ct::exp2((lse - shift) * tilegym::kLog2e);
     total = total * alpha + ct::reshape(ct::sum(w, ct::integral_constant<1>{}), ct::shape<BLOCK_R, 1>{});
+    // An empty split's partial may hold anything (NaN included): it must weigh exactly nothing.
+    part = ct::select(ct::reshape(lse, ct::shape<BLOCK_R, BLOCK_S, 1>{}) == -INFINITY,
+                      ct::zeros<ct::tile<float, ct::shape<BLOCK_R, BLOCK_S, BLOCK_D>>>(), part);
     auto weighted = ct::reshape(w, ct::shape<BLOCK_R, BLOCK_S, 1>{}) * part;
     acc = acc * alpha + ct::reshape(ct::sum(weighted, ct::integral_constant<1>{}), ct::shape<BLOCK_R, BLOCK_D>{});
     m = m_new;
   }
-  auto nonempty = total > 0.0f;
-  auto merged = ct::select(nonempty, acc / ct::select(nonempty, total, ct::full<f32_R1>(1.0f)), ct::zeros<f32_RD>());
+  // total == 0: every split empty (zeros, lse -inf); a NaN total (NaN or +inf lse) gives NaN.
+  auto none = total == 0.0f;
+  auto merged = ct::select(none, ct::zeros<f32_RD>(), acc / ct::select(none, ct::full<f32_R1>(1.0f), total));
   auto r_col = ct::reshape(r, ct::shape<BLOCK_R, 1>{});
   auto d_row = ct::reshape(ct::iota<i32_D>() + d0, ct::shape<1, BLOCK_D>{});
   ct::store_masked(out + (r_col * head_dim + d_row), ct::element_cast<TOut>(merged), r_ok2);
   if (write_lse && d0 == 0) {
-    auto lse = ct::select(nonempty, m + ct::log2(total) * tilegym::kLn2, ct::full<f32_R1>(-INFINITY));
+    auto lse = ct::select(none, ct::full<f32_R1>(-INFINITY), m + ct::log2(total) * tilegym::kLn2);
     ct::store_masked(out_lse + r_col, lse, r_ok2);
   }
 }
@@ -134,6 +139,7 @@ __tile_global__ void splitk_reduce_rows_kernel(const TIn* __restrict__ partial_o
   for (int n : ct::irange(0, num_splits)) {
     auto lse = ct::load_masked(lse_block + n * lse_sn + lse_offs, r_ok, -INFINITY);
     auto part = ct::element_cast<float>(ct::load_masked(po_block + n * po_sn + po_offs, r_ok, TIn(0)));
+    part = ct::select(lse == -INFINITY, ct::zeros<f32_RD>(), part);  // an empty split weighs nothing
     auto m_new = ct::max(m, lse);
     // While every split so far is empty, m_new is -inf: shift by 0 instead (no inf - inf).
     auto shift = ct::select(m_new == -INFINITY, ct::zeros<f32_R1>(), m_new);
@@ -143,12 +149,13 @@ __tile_global__ void splitk_reduce_rows_kernel(const TIn* __restrict__ partial_o
     acc = acc * alpha + w * part;
     m = m_new;
   }
-  auto nonempty = total > 0.0f;
-  auto merged = ct::select(nonempty, acc / ct::select(nonempty, total, ct::full<f32_R1>(1.0f)), ct::zeros<f32_RD>());
+  // total == 0: every split empty (zeros, lse -inf); a NaN total (NaN or +inf lse) gives NaN.
+  auto none = total == 0.0f;
+  auto merged = ct::select(none, ct::zeros<f32_RD>(), acc / ct::select(none, ct::full<f32_R1>(1.0f), total));
   TOut* out_block = out + ((long long)r0 * head_dim + d0);
   ct::store_masked(out_block + (r_col * head_dim + d_row), ct::element_cast<TOut>(merged), r_ok);
   if (write_lse && d0 == 0) {
-    auto lse = ct::select(nonempty, m + ct::log2(total) * tilegym::kLn2, ct::full<f32_R1>(-INFINITY));
+    auto lse = ct::select(none, ct::full<f32_R1>(-INFINITY), m + ct::log2(total) * tilegym::kLn2);
     ct::store_masked(out_lse + r0 + r_col, lse, r_ok);
   }
 }

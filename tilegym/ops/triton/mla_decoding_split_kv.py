@@ -1,26 +1,28 @@
-"""Triton MLA decode with split-KV (stage 1) and its launcher; stage 2 is ``splitk_reduce``.
+"""Triton MLA decode over a split schedule: the split kernel, its combine, and the plan that runs them.
 
-Grid: (head groups, splits, batch). Each program holds ``BLOCK_H`` query heads of one batch
-row and walks one split of the KV sequence ``BLOCK_N`` tokens at a time. Every KV tile
-(latent [BLOCK_N, D] + rope [BLOCK_N, P]) is loaded once and used for all ``BLOCK_H`` heads,
-first as K (scores) and then, the same registers / shared memory, as V (output): the cache
-is read once per head group, never once per head and never twice for V. Softmax runs
-online in float32 (base 2); 16-bit values appear only at loads, stores and dot operands.
+Split kernel, grid (work slots, query-row groups): each program computes one *segment* of
+the schedule (``tilegym.ops.schedule``): ``BLOCK_H`` query rows (new token x head pairs) of
+one batch row against that row's KV blocks ``[lo, hi)``, ``BLOCK_N`` tokens per step. Every
+KV tile (latent [BLOCK_N, D] + rope [BLOCK_N, P]) is loaded once and used for all BLOCK_H
+rows, first as K (scores) then, the same registers / shared memory, as V (output): the
+cache is read once per query-row group, never once per head and never twice for V.
+Softmax runs online in float32 (base 2); 16-bit values appear only at loads, stores and
+dot operands. A segment that is a whole row writes the final output and lse; the others
+write float32 partials to their slot, which the combine kernel merges.
+
+Cache layouts (constexpr ``LAYOUT``): dense rows, a block table, or a ragged page list;
+``PAGE_SIZE`` >= ``BLOCK_N`` reads one page id per tile, smaller pages one per token. Page
+ids are clamped to the cache and lengths to the row's pages: no read leaves the cache.
 
 fp8 caches (e4m3fn; e4m3fnuz on AMD) are loaded as fp8 (half the bytes) and widened in
-registers (exact: every e4m3 value is a bf16/fp16 value); the per-tensor ``kv_scale`` is
-folded into the score scale and the final output, read through a pointer. The NVIDIA
-default (``fp8_one_tile``) widens each tile once to fp16 and uses it as both K and V; the
-queries are moved into fp16 by a per-head power-of-two scale that the scores undo.
+registers (exact); the per-tensor ``kv_scale`` is folded into the score scale and the
+output. Under Triton's CPU interpreter (``DOT_F32``), dot operands are widened to float32:
+the interpreter computes bf16 and fp8 dots wrongly, so the kernel never asks it to.
 
-With one split the program writes the final output (and lse) itself; otherwise it writes
-float32 partials [B, H, N, D] + lse [B, H, N] that ``splitk_reduce`` merges. No host
-synchronisation, no value-dependent allocation, no atomics: graph-capturable, deterministic.
-
-The kernels use no NVIDIA-only feature (the fp8 capability check lives in ``supports``),
-so the same source targets ROCm, but the ROCm path is untested on hardware. AMD wavefronts
-are 64 lanes and LDS is 64 KB (MI300), so AMD would want ``BLOCK_N`` = 32 and a single
-software pipeline stage for D = 512; ``default_config`` encodes that guess.
+No host synchronisation, no value-dependent allocation, no atomics: graph-capturable and
+deterministic. The ROCm path is the same source, untested on hardware; AMD would want
+``BLOCK_N`` = 32 and one pipeline stage for D = 512 (64 KB LDS), which ``default_config``
+encodes as a guess.
 """
 
 from __future__ import annotations
@@ -33,27 +35,27 @@ import triton
 import triton.language as tl
 
 from tilegym.ops.contract import MLADecodeCall
-from tilegym.ops.split_plan import SplitPlan, plan_mla_splits
-from tilegym.ops.triton.splitk_reduce import ReduceTiles, splitk_reduce_into
+from tilegym.ops.schedule import ScheduleShape, SplitSchedule, layout_code, schedule_shape
+from tilegym.ops.triton.launcher import KernelLauncher, all_aligned, interpreting
 from tilegym.utils import cdiv, next_power_of_2
 
 LOG2_E = math.log2(math.e)
 MAX_BLOCK_H = 64
 SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured faster
-FEW_ROWS = 8  # batch rows (H <= 16) at or below which 128-token steps measured faster
+FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps measured faster
+COMBINE_BLOCK_SPLITS = 16
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes and launch parameters of the stage-1 kernel.
+    """Tile sizes and launch parameters of the split kernel.
 
-    ``block_h``: query heads per program (>= 16: ``tl.dot`` needs M >= 16 on GPUs).
-    ``block_n``: KV tokens per loop step. ``programs_per_sm``: occupancy goal handed to
-    ``plan_splits`` when the user does not fix ``kv_len_per_split``. ``fp8_v_fp16``: with
-    an fp8 cache, multiply P by V in fp16 rather than in the query dtype. ``fp8_one_tile``:
-    with an fp8 cache, widen each tile once to fp16 and use that one tile for both dots
-    (K and V); the queries are rescaled per head by a power of two into fp16.
-    ``reduce_tiles``: tile policy of the combine (None: its default).
+    ``block_h``: query rows per program (>= 16: ``tl.dot`` needs M >= 16 on GPUs).
+    ``block_n``: KV tokens per loop step, also the schedule's block. ``programs_per_sm``:
+    occupancy goal of the balanced schedule. ``min_blocks``: shortest segment in blocks.
+    ``fp8_v_fp16``: with an fp8 cache, multiply P by V in fp16 rather than in the query
+    dtype. ``fp8_one_tile``: widen each fp8 tile once to fp16 and use it for both dots
+    (the queries are rescaled per row by a power of two into fp16).
     """
 
     block_h: int
@@ -61,98 +63,151 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 2
+    min_blocks: int = 2
     fp8_v_fp16: bool = True
     fp8_one_tile: bool = False
-    reduce_tiles: ReduceTiles | None = None
 
 
 def default_config(call: MLADecodeCall) -> KernelConfig:
-    """Tile sizes by vendor, head count and cache dtype (NVIDIA numbers: H200 sweeps,
+    """Tile sizes by vendor, query rows and cache dtype (NVIDIA numbers: H200 sweeps,
     benchmarks/NOTES_triton.md)."""
-    block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(call.heads)))
+    rows = call.query_rows
+    block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(rows)))
     if call.vendor == "cpu":  # interpreter: its cost is programs x loop steps
-        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=1)
+        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=1, programs_per_sm=1, min_blocks=1)
     if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
         # fp8 widens each tile in shared memory too: 64-token steps need 244 KB (limit 227 KB).
-        return KernelConfig(block_h, block_n=32 if call.is_fp8 else 64, num_warps=8, num_stages=2)
+        return KernelConfig(block_h, block_n=32 if call.is_fp8 else 64, num_warps=8, num_stages=2, programs_per_sm=1)
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
     if call.is_fp8:  # one fp16 tile for K and V measured 128.5 us vs 163.6 (round 2)
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_one_tile=True)
-    if call.batch * call.seq_len <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
-        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
+    if call.batch * call.length_hint <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2, min_blocks=1)
     if call.batch <= FEW_ROWS:  # one long request: long steps, one program per SM
         return KernelConfig(block_h, block_n=128, num_warps=8, num_stages=2, programs_per_sm=1)
-    # Whole waves of 2 programs per SM (4 splits for B=64) measured fastest (NOTES_triton.md).
     return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=2)
 
 
 @triton.jit
-def _mla_split_kv_kernel(
+def _dot(a, b, acc, DOT_F32: tl.constexpr):
+    """``acc + a @ b``; under the interpreter in float32 (it multiplies bf16/fp8 bits wrongly)."""
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _token_offsets(
+    table_row,
+    offs_n,
+    n0,
+    n_mask,
+    num_pages,
+    stride_0,
+    stride_1,
+    LAYOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Element offsets of a tile's tokens (relative to the row base for dense caches)."""
+    if LAYOUT == 0:
+        return offs_n.to(tl.int64) * stride_1
+    if PAGE_SIZE >= BLOCK_N:  # the tile lies inside one page: one page id
+        page = tl.load(table_row + n0 // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        return page * stride_0 + ((n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)).to(tl.int64) * stride_1
+    page = tl.load(table_row + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    return page * stride_0 + (offs_n % PAGE_SIZE).to(tl.int64) * stride_1
+
+
+@triton.jit
+def _mla_split_kernel(
     q_ptr,
     qpe_ptr,
     kv_ptr,
     kpe_ptr,
-    kv_lens_ptr,
     kv_scale_ptr,
-    o_ptr,
+    table_ptr,
+    indptr_ptr,
+    lens_ptr,
+    cum_ptr,
+    per_ptr,
+    work_row_ptr,
+    out_ptr,
     lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
     score_scale,
     num_heads,
-    seq_len,
-    kv_len_per_split,
+    q_len,
+    query_rows,
+    num_pages,
+    num_indices,
     stride_q_b,
+    stride_q_q,
     stride_q_h,
     stride_qpe_b,
+    stride_qpe_q,
     stride_qpe_h,
-    stride_kv_b,
-    stride_kv_s,
-    stride_kpe_b,
-    stride_kpe_s,
-    stride_o_b,
-    stride_o_h,
-    stride_o_n,
-    stride_lse_b,
-    stride_lse_h,
-    stride_lse_n,
+    stride_kv_0,
+    stride_kv_1,
+    stride_kpe_0,
+    stride_kpe_1,
+    stride_table_b,
     HEAD_DIM: tl.constexpr,
     ROPE_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    HAS_KV_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
     IS_FP8: tl.constexpr,
     FP8_V_FP16: tl.constexpr,
     FP8_ONE_TILE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     # Memory traffic per program: reads L * (D + P) * sizeof(kv) bytes of cache for its
-    # split of L tokens (once, for all BLOCK_H heads) + BLOCK_H * (D + P) * 2 bytes of
-    # queries; writes BLOCK_H * D * sizeof(o) (+ BLOCK_H * 4 lse). Whole launch with
-    # one head group: B*S*(D+P)*sizeof(kv) + B*H*(D+P)*2 read, B*H*N*D*4 (+ B*H*N*4) written.
-    pid_h = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    compute_dtype = q_ptr.dtype.element_ty
+    # segment of L tokens (once, for all BLOCK_H query rows), BLOCK_H * (D + P) * 2 bytes of
+    # queries and a few schedule integers (+ one page id per tile or token); writes
+    # BLOCK_H * D * 4 bytes of partials (+ BLOCK_H * 4 lse), or BLOCK_H * D * 2 final bytes.
+    # Whole launch with one query-row group: the cache of the tokens present, once.
+    slot = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    b = tl.load(work_row_ptr + slot)
+    per = tl.load(per_ptr)
+    row_begin = tl.load(cum_ptr + b)
+    row_end = tl.load(cum_ptr + b + 1)
+    piece = slot - b
+    lo = tl.maximum(piece * per, row_begin)
+    hi = tl.minimum(piece * per + per, row_end)
+    has_work = lo < hi
+    whole = (lo == row_begin) & (hi == row_end)
+    partial = (lo != row_begin) | (hi != row_end)
+    length = tl.load(lens_ptr + b)
+    b64 = b.to(tl.int64)
 
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = offs_h < num_heads
+    offs_r = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    r_mask = offs_r < query_rows
+    token = offs_r // num_heads
+    head = offs_r % num_heads
     offs_d = tl.arange(0, HEAD_DIM)
     offs_p = tl.arange(0, ROPE_DIM)
-    q = tl.load(
-        q_ptr + b * stride_q_b + offs_h[:, None] * stride_q_h + offs_d[None, :], mask=h_mask[:, None], other=0.0
-    )
-    qpe = tl.load(
-        qpe_ptr + b * stride_qpe_b + offs_h[:, None] * stride_qpe_h + offs_p[None, :], mask=h_mask[:, None], other=0.0
-    )
+    q_rows = b64 * stride_q_b + token * stride_q_q + head * stride_q_h
+    qpe_rows = b64 * stride_qpe_b + token * stride_qpe_q + head * stride_qpe_h
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=r_mask[:, None], other=0.0)
+    qpe = tl.load(qpe_ptr + qpe_rows[:, None] + offs_p[None, :], mask=r_mask[:, None], other=0.0)
+    # Causal MTP: new token i of a row of length L sees positions < L - Q + 1 + i.
+    if CAUSAL:
+        limit = length - q_len + 1 + token
+    else:
+        limit = tl.zeros([BLOCK_H], tl.int32) + length
 
-    length = seq_len
-    if HAS_KV_LENS:
-        length = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + b), 0), seq_len)
-    start = split * kv_len_per_split
-    end = tl.minimum(start + kv_len_per_split, length)
     row_scale = tl.full([BLOCK_H], 1.0, tl.float32) * score_scale
     if IS_FP8:
         kv_scale = tl.load(kv_scale_ptr)
@@ -161,41 +216,57 @@ def _mla_split_kv_kernel(
             q, qpe, head_scale = _queries_to_fp16(q, qpe)
             row_scale = row_scale * head_scale
 
-    kv_row = kv_ptr + b * stride_kv_b
-    kpe_row = kpe_ptr + b * stride_kpe_b
+    kv_row = kv_ptr
+    kpe_row = kpe_ptr
+    table_row = table_ptr
+    if LAYOUT == 0:
+        kv_row = kv_ptr + b64 * stride_kv_0
+        kpe_row = kpe_ptr + b64 * stride_kpe_0
+    elif LAYOUT == 1:
+        table_row = table_ptr + b64 * stride_table_b
+    else:
+        table_row = table_ptr + tl.minimum(tl.maximum(tl.load(indptr_ptr + b), 0), num_indices)
+
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+    for blk in tl.range(lo - row_begin, hi - row_begin, num_stages=NUM_STAGES):
+        n0 = blk * BLOCK_N
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        kv = tl.load(kv_row + offs_n[:, None] * stride_kv_s + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        kpe = tl.load(kpe_row + offs_n[:, None] * stride_kpe_s + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        n_mask = offs_n < length
+        kv_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        kpe_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        kv = tl.load(kv_row + kv_offs[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
         if IS_FP8 and FP8_ONE_TILE:
             # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
             kv = kv.to(tl.float16)
             kpe = kpe.to(tl.float16)
             v = kv
         elif IS_FP8:
-            # Both conversions are exact. FP8_V_FP16: the V side in fp16 (one native
-            # e4m3 -> f16 convert on NVIDIA; p in [0, 1] loses nothing in fp16).
             if FP8_V_FP16:
                 v = kv.to(tl.float16)
             else:
-                v = kv.to(compute_dtype)
-            kv = kv.to(compute_dtype)
-            kpe = kpe.to(compute_dtype)
+                v = kv.to(q_ptr.dtype.element_ty)
+            kv = kv.to(q_ptr.dtype.element_ty)
+            kpe = kpe.to(q_ptr.dtype.element_ty)
         else:
             v = kv
-        scores = tl.dot(qpe, tl.trans(kpe))
-        scores = tl.dot(q, tl.trans(kv), scores)
-        # n0 < end, so every tile has a valid token and m_new is finite.
-        scores = tl.where(n_mask[None, :], scores * row_scale[:, None], float("-inf"))
+        scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+        scores = _dot(q, tl.trans(kv), scores, DOT_F32)
+        visible = offs_n[None, :] < limit[:, None]
+        scores = tl.where(visible, scores * row_scale[:, None], float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        # A row that sees no token of this tile (causal MTP) keeps m = -inf: shift by 0 then.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
         m_i = m_new
 
     if IS_FP8:
@@ -203,19 +274,25 @@ def _mla_split_kv_kernel(
     nonempty = l_i > 0
     safe_l = tl.where(nonempty, l_i, 1.0)
     out = acc / safe_l[:, None]
-    o_ptrs = o_ptr + b * stride_o_b + split * stride_o_n + offs_h[:, None] * stride_o_h + offs_d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
+    lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
+    final_rows = b64 * query_rows + offs_r
+    # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
+    final_mask = offs_r < tl.where(has_work & whole, query_rows, 0)
+    tl.store(out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(out_ptr.dtype.element_ty), final_mask[:, None])
     if WRITE_LSE:
-        lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
-        tl.store(lse_ptr + b * stride_lse_b + split * stride_lse_n + offs_h * stride_lse_h, lse, mask=h_mask)
+        tl.store(lse_ptr + final_rows, lse, final_mask)
+    part_rows = slot.to(tl.int64) * query_rows + offs_r
+    part_mask = offs_r < tl.where(has_work & partial, query_rows, 0)
+    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
+    tl.store(part_lse_ptr + part_rows, lse, part_mask)
 
 
 @triton.jit
 def _queries_to_fp16(q, qpe):
-    """Scale each head's (q, qpe) row by a power of two so its largest entry is near 2^14
-    (far below the fp16 maximum), then cast to fp16: exact for every bf16 entry within a
-    factor 2^27 of the row's largest (fp16 keeps 11 significant bits, bf16 has 8).
-    Returns the per-head factor that undoes the scaling on the scores."""
+    """Scale each row's (q, qpe) by a power of two so its largest entry is near 2^14 (far
+    below the fp16 maximum), then cast to fp16: exact for every bf16 entry within a factor
+    2^27 of the row's largest (fp16 keeps 11 significant bits, bf16 has 8). Returns the
+    per-row factor that undoes the scaling on the scores."""
     row_max = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), axis=1), tl.max(tl.abs(qpe.to(tl.float32)), axis=1))
     exponent = tl.floor(tl.log2(tl.where(row_max > 0, row_max, 1.0))) - 14.0
     head_scale = tl.exp2(exponent)
@@ -225,86 +302,212 @@ def _queries_to_fp16(q, qpe):
     return q16, qpe16, head_scale
 
 
-def split_plan(call: MLADecodeCall, config: KernelConfig) -> SplitPlan:
-    """The split plan for this call: ``plan_splits`` with this kernel's programs per split."""
-    return plan_mla_splits(
-        call, heads_per_program=config.block_h, block_n=config.block_n, programs_per_sm=config.programs_per_sm
-    )
+@triton.jit
+def _mla_combine_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    cum_ptr,
+    per_ptr,
+    out_ptr,
+    lse_ptr,
+    query_rows,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # Memory traffic per program: the lse and BLOCK_D columns of the partials of one query
+    # row's segments (read only for rows split over several segments), BLOCK_D * 2 bytes
+    # written (+ 4 bytes of lse). Whole launch: every partial once, outputs of split rows.
+    pid = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    b = pid // query_rows
+    r = pid % query_rows
+    per = tl.load(per_ptr)
+    row_begin = tl.load(cum_ptr + b)
+    row_end = tl.load(cum_ptr + b + 1)
+    empty = row_end == row_begin
+    first = row_begin // per
+    last = (row_end - 1) // per
+    count = tl.where(empty, 0, last - first + 1)
+    merge = count > 1
+    n_merge = tl.where(merge, count, 0)
+    first_slot = (first + b).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    lse_col = part_lse_ptr + first_slot * query_rows + r
+    out_col = part_out_ptr + (first_slot * query_rows + r) * HEAD_DIM
+
+    running = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, n_merge, BLOCK_S):
+        s_mask = s0 + offs_s < n_merge
+        lse = tl.load(lse_col + (s0 + offs_s) * query_rows, mask=s_mask, other=float("-inf"))
+        running = tl.maximum(running, lse, propagate_nan=tl.PropagateNan.ALL)
+    top = tl.max(running, axis=0)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    total = tl.zeros([BLOCK_S], tl.float32)
+    for s0 in range(0, n_merge, BLOCK_S):
+        s_mask = s0 + offs_s < n_merge
+        lse = tl.load(lse_col + (s0 + offs_s) * query_rows, mask=s_mask, other=float("-inf"))
+        live = s_mask & (lse != float("-inf"))  # NaN stays live: NaN in, NaN out
+        weight = tl.where(live, tl.exp(lse - shift), 0.0)
+        total += weight
+        part = tl.load(
+            out_col + ((s0 + offs_s) * query_rows * HEAD_DIM)[:, None] + offs_d[None, :],
+            mask=live[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(weight[:, None] * part, axis=0)
+    weight_sum = tl.sum(total, axis=0)
+    has = weight_sum > 0
+    merged = tl.where(has, acc / tl.where(has, weight_sum, 1.0), acc)
+    row = b.to(tl.int64) * query_rows + r
+    write = merge | empty
+    tl.store(out_ptr + row * HEAD_DIM + offs_d, merged.to(out_ptr.dtype.element_ty), offs_d < tl.where(write, HEAD_DIM, 0))
+    if WRITE_LSE:
+        if pid_d == 0:
+            merged_lse = tl.where(has, shift + tl.log(tl.where(has, weight_sum, 1.0)), float("-inf"))
+            merged_lse = tl.where(weight_sum != weight_sum, weight_sum, merged_lse)
+            tl.store(lse_ptr + row, merged_lse, write)
 
 
-def _launch_stage1(
-    call: MLADecodeCall,
-    config: KernelConfig,
-    num_splits: int,
-    kv_len_per_split: int,
-    out: torch.Tensor,
-    out_strides: tuple[int, int, int],
-    lse: torch.Tensor | None,
-    lse_strides: tuple[int, int, int],
-) -> None:
-    """Launch stage 1 writing ``out`` (final [B,H,D] or partial [B,H,N,D]) through the given strides."""
-    placeholder = call.q  # a valid pointer for arguments a constexpr switch leaves unread
-    grid = (cdiv(call.heads, config.block_h), num_splits, call.batch)
-    _mla_split_kv_kernel[grid](
-        call.q,
-        call.qpe,
-        call.kv,
-        call.kpe,
-        call.kv_lens if call.kv_lens is not None else placeholder,
-        call.kv_scale if call.kv_scale is not None else placeholder,
-        out,
-        lse if lse is not None else placeholder,
-        call.sm_scale * LOG2_E,
-        call.heads,
-        call.seq_len,
-        kv_len_per_split,
-        *call.q.stride()[:2],
-        *call.qpe.stride()[:2],
-        *call.kv.stride()[:2],
-        *call.kpe.stride()[:2],
-        *out_strides,
-        *lse_strides,
-        HEAD_DIM=call.head_dim,
-        ROPE_DIM=call.rope_dim,
-        BLOCK_H=config.block_h,
-        BLOCK_N=config.block_n,
-        NUM_STAGES=config.num_stages,
-        HAS_KV_LENS=call.kv_lens is not None,
-        IS_FP8=call.is_fp8,
-        FP8_V_FP16=config.fp8_v_fp16,
-        FP8_ONE_TILE=config.fp8_one_tile,
-        WRITE_LSE=lse is not None,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+def combine_block_d(rows: int, head_dim: int, device: torch.device) -> int:
+    """Columns per combine program: narrower when few (batch, query row) pairs must fill the GPU."""
+    block_d = min(next_power_of_2(head_dim), 512)
+    if device.type == "cuda":
+        from tilegym.utils import multiprocessor_count
+
+        target = 2 * multiprocessor_count(device)
+        while block_d > 32 and rows * cdiv(head_dim, block_d) < target:
+            block_d //= 2
+    return block_d
 
 
-def mla_decode_into(call: MLADecodeCall, config: KernelConfig | None = None) -> torch.Tensor | None:
-    """Run both stages into ``call.out``; return lse [B, H] when ``call.return_lse``.
+class TritonDecodePlan:
+    """Everything fixed for a decode step: config, schedule, workspace and the two launches."""
 
-    ``config`` overrides the tile sizes (benchmarks sweep it); None uses ``default_config``.
-    """
-    config = config or default_config(call)
-    batch, heads, seq_len = call.batch, call.heads, call.seq_len
-    plan = split_plan(call, config)
-    split_len = min(plan.kv_len_per_split, seq_len)  # same result, keeps the index math in int32
-    lse = torch.empty((batch, heads), dtype=torch.float32, device=call.device) if call.return_lse else None
-    if plan.num_splits == 1:
-        lse_strides = (*lse.stride(), 0) if lse is not None else (0, 0, 0)
-        _launch_stage1(call, config, 1, split_len, call.out, (*call.out.stride()[:2], 0), lse, lse_strides)
-        return lse
-    shape = (batch, heads, plan.num_splits)
-    partial_out = torch.empty((*shape, call.head_dim), dtype=torch.float32, device=call.device)
-    partial_lse = torch.empty(shape, dtype=torch.float32, device=call.device)
-    _launch_stage1(
-        call,
-        config,
-        plan.num_splits,
-        split_len,
-        partial_out,
-        (partial_out.stride(0), partial_out.stride(1), partial_out.stride(2)),
-        partial_lse,
-        partial_lse.stride(),
-    )
-    splitk_reduce_into(partial_out, partial_lse, call.out, lse, config.reduce_tiles)
-    return lse
+    def __init__(self, call: MLADecodeCall, config: KernelConfig | None = None) -> None:
+        self.config = config = config or default_config(call)
+        self.call = call
+        head_groups = cdiv(call.query_rows, config.block_h)
+        self.shape: ScheduleShape = schedule_shape(
+            call,
+            block_n=config.block_n,
+            programs_per_sm=config.programs_per_sm,
+            head_groups=head_groups,
+            min_blocks=config.min_blocks,
+        )
+        self.schedule = SplitSchedule(call, self.shape)
+        rows, device = call.query_rows, call.device
+        self.part_out = torch.empty((self.shape.slots, rows, call.head_dim), dtype=torch.float32, device=device)
+        self.part_lse = torch.empty((self.shape.slots, rows), dtype=torch.float32, device=device)
+        block_d = combine_block_d(call.batch * rows, call.head_dim, device)
+        placeholder = self.part_lse
+        self._index = (
+            call.block_table if call.block_table is not None else call.kv_indices,
+            call.kv_indptr,
+        )
+        index_table = self._index[0] if self._index[0] is not None else placeholder
+        indptr = self._index[1] if self._index[1] is not None else placeholder
+        dot_f32 = interpreting(device)
+        self._split = KernelLauncher(
+            _mla_split_kernel,
+            grid=(self.shape.slots, head_groups, 1),
+            constexprs={
+                "HEAD_DIM": call.head_dim,
+                "ROPE_DIM": call.rope_dim,
+                "BLOCK_H": config.block_h,
+                "BLOCK_N": config.block_n,
+                "LAYOUT": layout_code(call.layout),
+                "PAGE_SIZE": call.page_size if call.is_paged else 0,
+                "NUM_STAGES": config.num_stages,
+                "CAUSAL": call.causal and call.q_len > 1,
+                "IS_FP8": call.is_fp8,
+                "FP8_V_FP16": config.fp8_v_fp16,
+                "FP8_ONE_TILE": config.fp8_one_tile,
+                "WRITE_LSE": call.return_lse,
+                "DOT_F32": dot_f32,
+            },
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+        self._split_fixed = (
+            index_table,
+            indptr,
+            self.schedule.lens,
+            self.schedule.cum_blocks,
+            self.schedule.blocks_per_program,
+            self.schedule.work_row,
+        )
+        self._split_ints = (
+            call.sm_scale * LOG2_E,
+            call.heads,
+            call.q_len,
+            rows,
+            call.num_pages if call.is_paged else 1,
+            call.kv_indices.numel() if call.kv_indices is not None else 0,
+            *call.q.stride()[:3],
+            *call.qpe.stride()[:3],
+            *call.kv.stride()[:2],
+            *call.kpe.stride()[:2],
+            call.block_table.stride(0) if call.block_table is not None else 0,
+        )
+        self._combine = KernelLauncher(
+            _mla_combine_kernel,
+            grid=(call.batch * rows, cdiv(call.head_dim, block_d), 1),
+            constexprs={
+                "HEAD_DIM": call.head_dim,
+                "BLOCK_D": block_d,
+                "BLOCK_S": COMBINE_BLOCK_SPLITS,
+                "WRITE_LSE": call.return_lse,
+            },
+            num_warps=4,
+            num_stages=1,
+        )
+        self._combine_fixed = (self.part_out, self.part_lse, self.schedule.cum_blocks, self.schedule.blocks_per_program)
+
+    def refresh(self) -> None:
+        self.schedule.refresh()
+
+    def run(
+        self,
+        q: torch.Tensor,
+        qpe: torch.Tensor,
+        kv: torch.Tensor,
+        kpe: torch.Tensor,
+        kv_scale: torch.Tensor | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        """Both launches: write ``out`` (and ``lse`` when the plan returns it).
+
+        The tensors may be the caller's 3-D or 4-D views: only their data pointers and dtypes
+        are read, the strides and sizes are the plan's."""
+        scale = kv_scale if kv_scale is not None else self.part_lse
+        lse_arg = lse if lse is not None else self.part_lse
+        pointers = [q.data_ptr(), qpe.data_ptr(), kv.data_ptr(), kpe.data_ptr(), out.data_ptr(), scale.data_ptr()]
+        aligned = all_aligned(pointers)
+        self._split(
+            q,
+            qpe,
+            kv,
+            kpe,
+            scale,
+            *self._split_fixed,
+            out,
+            lse_arg,
+            self.part_out,
+            self.part_lse,
+            *self._split_ints,
+            aligned=aligned,
+        )
+        self._combine(*self._combine_fixed, out, lse_arg, self.call.query_rows, aligned=aligned)
+
+    def workspace_bytes(self) -> int:
+        return self.part_out.nbytes + self.part_lse.nbytes
+
+
+def plan(call: MLADecodeCall) -> TritonDecodePlan:
+    """The Triton backend's plan for ``call`` (config, schedule, workspace, launches)."""
+    return TritonDecodePlan(call)

@@ -1,11 +1,12 @@
-"""Triton combine of split-KV partials: [B, H, N, D] outputs + lse [B, H, N] -> [B, H, D].
+"""Triton ``splitk_reduce``: [B, H, N, D] partial outputs + lse [B, H, N] -> [B, H, D].
 
-One kernel serves both the ``splitk_reduce`` op and the second stage of
-``mla_decoding_split_kv`` (which also asks it for the merged lse). Each program owns one
+(The decode op's own combine reads its schedule's variable slot ranges:
+``mla_decoding_split_kv._mla_combine_kernel``.) Each program owns one
 (batch row, head) pair and one ``BLOCK_D``-wide slice of the output; it walks the splits
 ``BLOCK_SPLITS`` at a time, twice: first for the largest lse (lse values only), then for
 the weighted sum. Splits whose lse is -inf (empty) are masked out of the loads, so their
 partial rows are never read, and a row whose splits are all empty gives zeros (lse -inf).
+A NaN lse stays live (NaN in, NaN out), and so does +inf (its weight is inf/inf = NaN).
 
 The ROCm path is the same source; it has not been run on AMD hardware.
 """
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tilegym.ops.triton.launcher import interpreter_guard
 from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
 
 _MAX_BLOCK_D = 512
@@ -88,7 +90,7 @@ def _splitk_reduce_kernel(
     for n0 in range(0, num_splits, BLOCK_SPLITS):
         n_mask = n0 + offs_n < num_splits
         lse = tl.load(lse_row + (n0 + offs_n) * stride_pl_n, mask=n_mask, other=float("-inf"))
-        running_max = tl.maximum(running_max, lse)
+        running_max = tl.maximum(running_max, lse, propagate_nan=tl.PropagateNan.ALL)
     lse_max = tl.max(running_max, axis=0)
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
 
@@ -97,7 +99,7 @@ def _splitk_reduce_kernel(
     for n0 in range(0, num_splits, BLOCK_SPLITS):
         n_mask = n0 + offs_n < num_splits
         lse = tl.load(lse_row + (n0 + offs_n) * stride_pl_n, mask=n_mask, other=float("-inf"))
-        live = lse > float("-inf")
+        live = n_mask & (lse != float("-inf"))
         weight = tl.where(live, tl.exp(lse - shift), 0.0)
         weight_sum += weight
         part = tl.load(
@@ -108,11 +110,12 @@ def _splitk_reduce_kernel(
         acc += tl.sum(weight[:, None] * part, axis=0)
 
     total = tl.sum(weight_sum, axis=0)
-    merged = tl.where(total > 0, acc / tl.where(total > 0, total, 1.0), 0.0)
+    merged = tl.where(total > 0, acc / tl.where(total > 0, total, 1.0), acc)
     tl.store(out_ptr + b * stride_o_b + h * stride_o_h + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
     if WRITE_LSE:
         if pid_d == 0:
             merged_lse = tl.where(total > 0, shift + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+            merged_lse = tl.where(total != total, total, merged_lse)
             tl.store(lse_out_ptr + b * stride_lo_b + h * stride_lo_h, merged_lse)
 
 
@@ -145,20 +148,21 @@ def splitk_reduce_into(
     block_splits, block_d = _block_sizes(batch, heads, num_splits, head_dim, partial_out.device, tiles)
     lse_target = out if lse_out is None else lse_out  # a valid pointer; unused without WRITE_LSE
     grid = (batch * heads, cdiv(head_dim, block_d))
-    _splitk_reduce_kernel[grid](
-        partial_out,
-        partial_lse,
-        out,
-        lse_target,
-        heads,
-        num_splits,
-        head_dim,
-        *partial_out.stride()[:3],
-        *partial_lse.stride(),
-        *out.stride()[:2],
-        *(lse_out.stride() if lse_out is not None else (0, 0)),
-        BLOCK_SPLITS=block_splits,
-        BLOCK_D=block_d,
-        WRITE_LSE=lse_out is not None,
-        num_warps=tiles.num_warps,
-    )
+    with interpreter_guard(partial_out.device):
+        _splitk_reduce_kernel[grid](
+            partial_out,
+            partial_lse,
+            out,
+            lse_target,
+            heads,
+            num_splits,
+            head_dim,
+            *partial_out.stride()[:3],
+            *partial_lse.stride(),
+            *out.stride()[:2],
+            *(lse_out.stride() if lse_out is not None else (0, 0)),
+            BLOCK_SPLITS=block_splits,
+            BLOCK_D=block_d,
+            WRITE_LSE=lse_out is not None,
+            num_warps=tiles.num_warps,
+        )

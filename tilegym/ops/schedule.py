@@ -1,0 +1,136 @@
+"""The split schedule: how a decode step's KV work is cut into GPU programs, by the rows' real lengths.
+
+Work is counted in blocks of ``block_n`` tokens. Row b has ``blocks[b] = cdiv(len[b], block_n)``
+blocks; laid end to end, the rows' blocks form one line of ``total`` blocks. The line is cut
+into ``programs`` equal pieces of ``per = cdiv(total, programs)`` blocks (at least
+``min_blocks``), so every piece costs the same whatever the lengths. Where a piece meets a
+row, that (piece p, row b) overlap is a *segment*: one CTA of the split kernel computes it.
+
+Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never
+covers an earlier row) and at most ``programs + batch - 2``; the slots of row b are the
+consecutive range ``[cum[b] // per + b, (cum[b + 1] - 1) // per + b]``. A row covered by a
+single segment is written straight to the output by its CTA; the combine merges the
+others and writes zeros / lse -inf for empty rows.
+
+Everything is built with torch ops on the device from ``kv_lens``: no host synchronisation,
+capturable in a CUDA graph, and ``refresh`` recomputes it in place (same buffers) when the
+lengths change. The kernels read ``lens``, ``cum_blocks``, ``blocks_per_program`` and
+``work_row``; the per-slot segment bounds follow from them in a few integer operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tilegym.ops.contract import DENSE, PAGED, RAGGED, MLADecodeCall
+from tilegym.utils import cdiv, multiprocessor_count
+
+
+@dataclass(frozen=True)
+class ScheduleShape:
+    """The host-side sizes of a schedule: fixed for a plan, whatever the lengths."""
+
+    batch: int
+    block_n: int  # tokens per block: the unit of work
+    programs: int  # pieces the block line is cut into (per head group)
+    min_blocks: int  # fewest blocks per piece
+    fixed_blocks: int | None  # blocks per piece when the caller fixes kv_len_per_split
+
+    @property
+    def slots(self) -> int:
+        """Work slots (CTAs per head group): every (piece, row) overlap has one."""
+        return self.programs + self.batch - 1
+
+
+def default_programs(call: MLADecodeCall, programs_per_sm: int, head_groups: int) -> int:
+    """Pieces per head group so that all head groups together fill ``programs_per_sm`` per SM."""
+    return max(1, multiprocessor_count(call.device) * programs_per_sm // max(1, head_groups))
+
+
+def most_blocks(call: MLADecodeCall, block_n: int) -> int:
+    """An upper bound of the step's total blocks, known on the host (no device read)."""
+    if call.layout == RAGGED:
+        return cdiv(call.kv_indices.numel() * call.page_size, block_n) + call.batch
+    return call.batch * cdiv(call.seq_len, block_n)
+
+
+def schedule_shape(
+    call: MLADecodeCall, *, block_n: int, programs_per_sm: int, head_groups: int, min_blocks: int = 1
+) -> ScheduleShape:
+    """The schedule sizes for ``call``: balanced pieces, or fixed ones of ``call.kv_len_per_split``."""
+    if call.kv_len_per_split is None:
+        programs = default_programs(call, programs_per_sm, head_groups)
+        return ScheduleShape(call.batch, block_n, programs, min_blocks, None)
+    fixed = cdiv(call.kv_len_per_split, block_n)
+    return ScheduleShape(call.batch, block_n, max(1, cdiv(most_blocks(call, block_n), fixed)), fixed, fixed)
+
+
+def row_capacity(call: MLADecodeCall) -> int | torch.Tensor:
+    """Most tokens each row can hold: an int for dense and paged caches, a [B] tensor for ragged."""
+    if call.layout != RAGGED:
+        return call.seq_len
+    nnz = call.kv_indices.numel()
+    starts = call.kv_indptr[:-1].clamp(0, nnz)
+    ends = torch.maximum(call.kv_indptr[1:].clamp(0, nnz), starts)
+    return (ends - starts) * call.page_size
+
+
+class SplitSchedule:
+    """The device tensors of a schedule (int32) and the host sizes they were built for."""
+
+    def __init__(self, call: MLADecodeCall, shape: ScheduleShape) -> None:
+        self.shape = shape
+        self._call = call
+        device = call.device
+        self.lens = torch.empty(shape.batch, dtype=torch.int32, device=device)
+        self.cum_blocks = torch.zeros(shape.batch + 1, dtype=torch.int32, device=device)
+        self.blocks_per_program = torch.empty(1, dtype=torch.int32, device=device)
+        self.work_row = torch.empty(shape.slots, dtype=torch.int32, device=device)
+        self._slot_ids = torch.arange(shape.slots, dtype=torch.int32, device=device)
+        self._row_ids = torch.arange(shape.batch, dtype=torch.int32, device=device)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute every tensor in place from the call's current ``kv_lens`` (and page ranges)."""
+        call, shape = self._call, self.shape
+        capacity = row_capacity(call)
+        if call.kv_lens is None:
+            self.lens.fill_(call.seq_len)
+        elif isinstance(capacity, int):
+            torch.clamp(call.kv_lens, 0, capacity, out=self.lens)
+        else:
+            torch.minimum(call.kv_lens.clamp(min=0), capacity, out=self.lens)
+        blocks = torch.div(self.lens + (shape.block_n - 1), shape.block_n, rounding_mode="floor")
+        torch.cumsum(blocks, 0, dtype=torch.int32, out=self.cum_blocks[1:])
+        if shape.fixed_blocks is not None:
+            self.blocks_per_program.fill_(shape.fixed_blocks)
+        else:
+            per = torch.div(self.cum_blocks[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
+            torch.clamp(per, min=shape.min_blocks, out=self.blocks_per_program)
+        first_slot = torch.div(self.cum_blocks[:-1], self.blocks_per_program, rounding_mode="floor") + self._row_ids
+        rows = torch.searchsorted(first_slot, self._slot_ids, right=True, out_int32=True) - 1
+        torch.clamp(rows, 0, shape.batch - 1, out=self.work_row)
+
+
+def layout_code(layout: str) -> int:
+    """The integer the kernels take for a layout."""
+    return {DENSE: 0, PAGED: 1, RAGGED: 2}[layout]
+
+
+def segments_on_host(schedule: SplitSchedule) -> list[tuple[int, int, int, int]]:
+    """(slot, row, first block, end block) of every non-empty segment, read back to the host.
+
+    For tests and for the torch backend's mirror of the GPU schedule; syncs with the device.
+    """
+    cum = schedule.cum_blocks.cpu().tolist()
+    per = int(schedule.blocks_per_program.cpu())
+    rows = schedule.work_row.cpu().tolist()
+    found = []
+    for slot, row in enumerate(rows):
+        piece = slot - row
+        lo, hi = max(piece * per, cum[row]), min(piece * per + per, cum[row + 1])
+        if lo < hi:
+            found.append((slot, row, lo - cum[row], hi - cum[row]))
+    return found
