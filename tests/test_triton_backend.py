@@ -1,9 +1,8 @@
 """Triton backend: kernels against the float64 oracle (CPU: Triton's interpreter; GPU: real).
 
-On CPU the interpreter computes a bf16 ``tl.dot`` on the raw uint16 bit patterns (silently
-wrong). ``_exact_bf16_dot`` below patches that one builder method for this module, so the
-bf16 cases are real tests of the kernel: the kernel keeps bf16 only at loads/stores and as
-dot operands (its softmax math is float32), which the interpreter handles correctly.
+On CPU the interpreter computes a bf16 (or fp8) ``tl.dot`` on the raw bit patterns (silently
+wrong), so under the interpreter the kernel widens its dot operands to float32 itself: the
+bf16 cases here run the real kernel, unpatched, and must match float64.
 """
 
 from __future__ import annotations
@@ -15,38 +14,34 @@ import torch
 
 from tilegym.backend import BackendUnavailableError, implementations
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
-from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.testing import REL_L2_TOLERANCE, make_mla_inputs, mla_decode_float64, relative_error
 
 pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-REL_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # rel. L2 vs float64; measured ~2.5e-4 / ~2e-3
+REL_TOL = REL_L2_TOLERANCE  # rel. L2 vs float64; measured ~2.5e-4 (fp16) / ~2e-3 (bf16)
 LSE_ATOL = 1e-4  # float32 math on exact products: ~1e-6 measured
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _exact_bf16_dot():
-    """Interpreter only: compute bf16 ``tl.dot`` in float32 from the real bf16 values."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        yield
-        return
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
+def run_with_config(inputs, config, *, kv_len_per_split=None):
+    """Run the Triton plan with an explicit kernel config (the GPU defaults' tile sizes, on any device)."""
+    from tilegym.ops.contract import validate_mla_decoding
+    from tilegym.ops.triton.mla_decoding_split_kv import TritonDecodePlan
 
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def as_float32(handle):
-        if handle.dtype.scalar == tl.bfloat16:  # stored as uint16: widen the bit pattern
-            return interpreter.TensorHandle((handle.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-        return handle
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, as_float32(a), as_float32(b), d, input_precision, max_num_imprecise_acc)
-
-    interpreter.InterpreterBuilder.create_dot = create_dot
-    yield
-    interpreter.InterpreterBuilder.create_dot = original
+    call = validate_mla_decoding(
+        inputs.q,
+        inputs.qpe,
+        inputs.kv,
+        inputs.kpe,
+        None,
+        kv_len_per_split,
+        kv_lens=inputs.kv_lens,
+        kv_scale=inputs.kv_scale,
+        return_lse=True,
+    )
+    lse = torch.empty(call.out.shape[:3], dtype=torch.float32, device=call.device)
+    TritonDecodePlan(call, config).run(call.q, call.qpe, call.kv, call.kpe, call.kv_scale, call.out, lse)
+    return call.user_out(), call.user_lse(lse)
 
 
 def run_triton(inputs, **kwargs):
@@ -115,14 +110,13 @@ def test_bf16_check_catches_a_wrong_scale():
 
 @pytest.mark.parametrize(("block_h", "block_n"), [(16, 32), (16, 128), (32, 32), (64, 64)])
 def test_gpu_tile_sizes(block_h, block_n):
-    """The masks and split plan under the tile sizes the GPU defaults use (CI runs BLOCK_N=64)."""
-    from tilegym.ops.contract import validate_mla_decoding
-    from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, mla_decode_into
+    """The masks and the schedule under the tile sizes the GPU defaults use (CI runs BLOCK_N=64)."""
+    from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig
 
     inputs = make_mla_inputs(2, 40, 300, 64, 16, dtype=torch.float16, kv_lens=[300, 77], device=DEVICE)
-    call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens, return_lse=True)
-    lse = mla_decode_into(call, KernelConfig(block_h, block_n, num_warps=4, num_stages=2))
-    assert_matches_oracle(inputs, call.out, lse)
+    config = KernelConfig(block_h, block_n, num_warps=4, num_stages=2, programs_per_sm=3, min_blocks=1)
+    out, lse = run_with_config(inputs, config)
+    assert_matches_oracle(inputs, out, lse)
 
 
 def test_separate_kv_and_kpe_storage():
@@ -146,27 +140,16 @@ def test_fp8_cache(q_dtype):
 def test_fp8_one_tile_rescales_queries_into_fp16(q_gain):
     """fp8_one_tile casts bf16 queries to fp16: a per-head power-of-two scale keeps
     queries far outside the fp16 range exact (unscaled, 1e5 would overflow to inf)."""
-    from tilegym.ops.contract import validate_mla_decoding
-    from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, mla_decode_into
+    from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig
 
     inputs = make_mla_inputs(
         2, 16, 200, 64, 16, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, kv_lens=[200, 45], device=DEVICE
     )
     inputs.q.mul_(q_gain)
     inputs.qpe.mul_(q_gain)
-    call = validate_mla_decoding(
-        inputs.q,
-        inputs.qpe,
-        inputs.kv,
-        inputs.kpe,
-        None,
-        64,
-        kv_lens=inputs.kv_lens,
-        kv_scale=inputs.kv_scale,
-        return_lse=True,
-    )
-    lse = mla_decode_into(call, KernelConfig(16, 32, num_warps=4, num_stages=1, fp8_one_tile=True))
-    assert_matches_oracle(inputs, call.out, dtype=torch.bfloat16)
+    config = KernelConfig(16, 32, num_warps=4, num_stages=1, fp8_one_tile=True)
+    out, lse = run_with_config(inputs, config, kv_len_per_split=64)
+    assert_matches_oracle(inputs, out, dtype=torch.bfloat16)
     _, ref_lse = mla_decode_float64(
         inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens, kv_scale=inputs.kv_scale
     )

@@ -28,16 +28,25 @@ def f16(*shape: int) -> torch.Tensor:
 
 BAD_CASES = {
     "q not a tensor": ({"q": [[1.0]]}, TypeError, r"q must be a torch.Tensor, got list"),
-    "q rank": ({"q": f16(B, D)}, ValueError, r"q must have 3 dimensions \[B, H, D\]"),
+    "q rank": ({"q": f16(B, D)}, ValueError, r"q must have 3 dimensions \[B, H, D\] or 4 dimensions"),
+    "q rank 4, qpe rank 3": ({"q": f16(B, 2, H, D)}, ValueError, r"qpe must have 4 dimensions \[B, Q, H, P\]"),
+    "too many new tokens": (
+        {"q": f16(B, 9, H, D), "qpe": f16(B, 9, H, P)},
+        ValueError,
+        r"q must hold 1 to 8 new tokens per row \(q.shape\[1\] = Q\), got Q = 9",
+    ),
+    "qpe new tokens": ({"q": f16(B, 2, H, D), "qpe": f16(B, 3, H, P)}, ValueError, r"qpe.shape\[1\] must equal"),
+    "causal type": ({"causal": 1}, TypeError, r"causal must be a bool, got int"),
+    "sm_scale overflows float32": ({"sm_scale": 1e39}, ValueError, r"sm_scale = 1e\+39 overflows the float32"),
     "qpe rank": ({"qpe": f16(B, H, P, 1)}, ValueError, r"qpe must have 3 dimensions"),
     "kv rank": ({"kv": f16(B * S, D)}, ValueError, r"kv must have 3 dimensions \[B, S, D\]"),
     "kpe rank": ({"kpe": f16(S, P)}, ValueError, r"kpe must have 3 dimensions"),
     "qpe batch": ({"qpe": f16(B + 1, H, P)}, ValueError, r"qpe.shape\[0\] must equal q.shape\[0\] \(B\)"),
     "qpe heads": ({"qpe": f16(B, H + 1, P)}, ValueError, r"qpe.shape\[1\] must equal q.shape\[1\] \(H\)"),
     "kv batch": ({"kv": f16(B + 1, S, D)}, ValueError, r"kv.shape\[0\] must equal q.shape\[0\]"),
-    "kv head dim": ({"kv": f16(B, S, D + 1)}, ValueError, r"kv.shape\[2\] must equal q.shape\[2\] \(D\)"),
+    "kv head dim": ({"kv": f16(B, S, D + 1)}, ValueError, r"kv.shape\[2\] must equal q.shape\[-1\] \(D\)"),
     "kpe seq": ({"kpe": f16(B, S + 1, P)}, ValueError, r"kpe.shape\[1\] must equal kv.shape\[1\] \(S\)"),
-    "kpe rope dim": ({"kpe": f16(B, S, P + 1)}, ValueError, r"kpe.shape\[2\] must equal qpe.shape\[2\] \(P\)"),
+    "kpe rope dim": ({"kpe": f16(B, S, P + 1)}, ValueError, r"kpe.shape\[2\] must equal qpe.shape\[-1\] \(P\)"),
     "empty batch": (
         {"q": f16(0, H, D), "qpe": f16(0, H, P), "kv": f16(0, S, D), "kpe": f16(0, S, P)},
         ValueError,
@@ -215,3 +224,144 @@ def test_kv_lens_out_and_kv_scale_on_another_device_are_rejected():
     fp8["kv_scale"] = torch.ones(1, device="meta")
     with pytest.raises(ValueError, match=r"kv_scale must be on cpu"):
         tilegym.mla_decoding_split_kv(**fp8)
+
+
+# --- cache layouts -------------------------------------------------------------------------
+
+PS, PAGES = 4, 9
+
+
+def paged_args(**changes) -> dict:
+    """Valid paged arguments: [PAGES, PS, D+P] pages, a block table of S / PS columns, kv_lens."""
+    x = make_mla_inputs(B, H, S, D, P, dtype=torch.float16)
+    pages = torch.randn(PAGES, PS, D + P).half()
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
+    args = {
+        "q": x.q,
+        "qpe": x.qpe,
+        "kv": pages[..., :D],
+        "kpe": pages[..., D:],
+        "block_table": table,
+        "kv_lens": torch.tensor([16, 5], dtype=torch.int32),
+    }
+    return args | changes
+
+
+def ragged_args(**changes) -> dict:
+    args = paged_args()
+    del args["block_table"]
+    args |= {
+        "kv_indptr": torch.tensor([0, 4, 6], dtype=torch.int32),
+        "kv_indices": torch.tensor([8, 0, 1, 2, 3, 4], dtype=torch.int32),
+    }
+    return args | changes
+
+
+LAYOUT_CASES = {
+    "block_table int64": (paged_args(block_table=torch.zeros(B, 4, dtype=torch.int64)), TypeError, "block_table must be int32, got torch.int64"),
+    "block_table not a tensor": (paged_args(block_table=[[0]]), TypeError, "block_table must be a torch.Tensor"),
+    "block_table rank": (paged_args(block_table=torch.zeros(8, dtype=torch.int32)), ValueError, r"block_table must have 2 dimensions \[B, max_pages_per_row\]"),
+    "block_table rows": (paged_args(block_table=torch.zeros(B + 1, 4, dtype=torch.int32)), ValueError, r"block_table.shape\[0\] must equal q.shape\[0\] \(B\)"),
+    "missing kv_lens": (paged_args(kv_lens=None), ValueError, "kv_lens is required with a paged cache"),
+    "both layouts": (
+        paged_args(kv_indptr=torch.zeros(B + 1, dtype=torch.int32), kv_indices=torch.zeros(4, dtype=torch.int32)),
+        ValueError,
+        "give one page layout",
+    ),
+    "indptr without indices": (ragged_args(kv_indices=None), ValueError, r"needs both kv_indptr= and kv_indices= \(kv_indices is missing\)"),
+    "indptr int64": (ragged_args(kv_indptr=torch.zeros(B + 1, dtype=torch.int64)), TypeError, "kv_indptr must be int32"),
+    "indptr length": (ragged_args(kv_indptr=torch.zeros(B, dtype=torch.int32)), ValueError, r"kv_indptr.shape\[0\] must equal q.shape\[0\] \+ 1"),
+    "page size not a power of two": (
+        paged_args(kv=torch.randn(3, 6, D).half(), kpe=torch.randn(3, 6, P).half()),
+        ValueError,
+        r"kv.shape\[1\] \(page_size\) must be a power of two",
+    ),
+    "kpe pages": (paged_args(kpe=torch.randn(PAGES + 1, PS, P).half()), ValueError, r"kpe.shape\[0\] must equal kv.shape\[0\] \(num_pages\)"),
+    "length longer than the row's pages": (
+        paged_args(kv_lens=torch.tensor([17, 5], dtype=torch.int32)),
+        ValueError,
+        r"kv_lens\[0\] = 17 must be in \[0, 16\].*longer than its pages",
+    ),
+    "negative length with pages": (paged_args(kv_lens=torch.tensor([3, -1], dtype=torch.int32)), ValueError, r"kv_lens\[1\] = -1"),
+    "page id out of range": (
+        paged_args(block_table=torch.tensor([[0, 1, 2, 9], [4, 5, 6, 7]], dtype=torch.int32)),
+        ValueError,
+        r"block_table holds page id 9 outside \[0, 9\)",
+    ),
+    "negative page id": (
+        paged_args(block_table=torch.tensor([[0, 1, 2, 3], [-4, 5, 6, 7]], dtype=torch.int32)),
+        ValueError,
+        r"block_table holds page id -4",
+    ),
+    "ragged row longer than its pages": (
+        ragged_args(kv_lens=torch.tensor([16, 9], dtype=torch.int32)),
+        ValueError,
+        r"kv_lens\[1\] = 9 must be in \[0, 8\]",
+    ),
+    "ragged page id out of range": (
+        ragged_args(kv_indices=torch.tensor([8, 0, 1, 2, 3, 99], dtype=torch.int32)),
+        ValueError,
+        r"kv_indices holds page id 99",
+    ),
+    "ragged indptr decreasing": (
+        ragged_args(kv_indptr=torch.tensor([0, 4, 2], dtype=torch.int32), kv_lens=torch.tensor([16, 0], dtype=torch.int32)),
+        ValueError,
+        "kv_indptr must be non-decreasing",
+    ),
+    "ragged indptr past the indices": (
+        ragged_args(kv_indptr=torch.tensor([0, 4, 7], dtype=torch.int32)),
+        ValueError,
+        r"end <= kv_indices.numel\(\) = 6",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_CASES))
+def test_bad_page_layout_is_rejected(case):
+    args, error, message = LAYOUT_CASES[case]
+    args = {k: v for k, v in args.items() if v is not None}
+    with pytest.raises(error, match=message):
+        tilegym.mla_decoding_split_kv(**args)
+
+
+def test_page_values_on_the_gpu_are_checked_only_in_debug_mode(monkeypatch):
+    """Device-held values need a sync to check: only under TILEGYM_CHECK_INDICES=1 (meta stands in)."""
+    from tilegym.ops.contract import validate_mla_decoding
+
+    args = paged_args(block_table=torch.tensor([[0, 1, 2, 99], [4, 5, 6, 7]], dtype=torch.int32))
+    meta = {k: v.to("meta") for k, v in args.items()}
+    validate_mla_decoding(**meta)  # no sync, no check: the caller's contract on a device
+    monkeypatch.setenv("TILEGYM_CHECK_INDICES", "1")
+    with pytest.raises((ValueError, NotImplementedError, RuntimeError)):
+        validate_mla_decoding(**meta)  # meta tensors cannot be read: proves the check now runs
+    with pytest.raises(ValueError, match="page id 99"):
+        validate_mla_decoding(**args)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_kv_scale_tensor_values_are_checked_on_the_host(value):
+    args = fp8_args()
+    args["kv_scale"] = torch.tensor([value])
+    with pytest.raises(ValueError, match="kv_scale must be finite and > 0"):
+        tilegym.mla_decoding_split_kv(**args)
+
+
+def test_out_overlapping_an_input_is_rejected():
+    x = make_mla_inputs(B, H, S, D, P, dtype=torch.float16)
+    alias = x.cache.view(-1)[: B * H * D].view(B, H, D)  # a contiguous out living inside the cache
+    with pytest.raises(ValueError, match="out overlaps kv"):
+        tilegym.mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, out=alias)
+
+
+@pytest.mark.parametrize("name", ["q", "qpe", "kv", "kpe", "out"])
+def test_inputs_that_require_grad_are_rejected_in_grad_mode(name):
+    args = good_args()
+    if name == "out":
+        args["out"] = torch.empty(B, H, D, dtype=torch.float16, requires_grad=True)
+    else:
+        args[name] = args[name].detach().requires_grad_(True)
+    with pytest.raises(ValueError, match=f"{name} requires grad.*inference-only"):
+        tilegym.mla_decoding_split_kv(**args)
+    with torch.no_grad():
+        result = tilegym.mla_decoding_split_kv(**args)
+    assert name == "out" or not result.requires_grad
