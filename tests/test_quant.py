@@ -281,7 +281,7 @@ def test_mxfp4_edges_match_reference():
     def block(*values: float) -> torch.Tensor:
         return torch.tensor(values + (0.0,) * (32 - len(values)))
 
-    midpoints = (4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5.0, -1e-3)
+    midpoints = (4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5.0, -1e-3, -0.0)
     rows = [
         block(),  # all zero: code 0 (2**-127)
         block(*midpoints),  # amax 4 -> scale 1: every tie goes to the even code
@@ -296,8 +296,8 @@ def test_mxfp4_edges_match_reference():
     assert_mxfp4_matches_reference(x)
     packed, scales = quantize_mxfp4(x)
     assert scales[:, 0].tolist() == [0, 127, 127, 0, 5, 252, 255, 255]
-    codes = torch.stack((packed[1] & 0xF, packed[1] >> 4), -1).flatten()[:12].tolist()
-    assert codes == [6, 0, 2, 2, 4, 4, 6, 6, 8, 10, 14, 8]
+    codes = torch.stack((packed[1] & 0xF, packed[1] >> 4), -1).flatten()[:13].tolist()
+    assert codes == [6, 0, 2, 2, 4, 4, 6, 6, 8, 10, 14, 8, 8]  # -0 and negatives rounding to 0 keep the sign
     decoded = dequantize_mxfp4(packed, scales)
     assert (decoded[0] == 0).all() and decoded[2, :4].tolist() == [6.0, 6.0, -6.0, 6.0]
     assert decoded[6:].isnan().all() and decoded[3, :2].tolist() == [3 * 2.0**-127, 2.0**-127]
