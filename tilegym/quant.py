@@ -195,7 +195,7 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """uint8 e2m1 codes (sign bit 3, magnitude bits 0..2) of float32 ``x``: nearest even, saturating at +-6.
 
     The sign comes from the sign bit, so -0 and small negatives that round to 0 give code 8
-    (-0), as a hardware cvt does. NaN gets magnitude 0 (callers mark NaN through the scale).
+    (-0), as IEEE rounding keeps the sign of a zero. NaN gets magnitude 0 (callers mark NaN through the scale).
     """
     magnitude = x.abs()
     code = torch.zeros_like(x, dtype=torch.uint8)
