@@ -1,9 +1,28 @@
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="tilegym",
     version="0.1.0",
     description="GPU operators (MLA split-KV decoding first) with Triton, CUDA Tile C++, aiter and PyTorch backends",
+    long_description=(Path(__file__).resolve().parent / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=find_packages(include=["tilegym", "tilegym.*"]),
     package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh"]},
     python_requires=">=3.10",

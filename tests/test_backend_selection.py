@@ -1,4 +1,4 @@
-"""Registry and selection rules of tilegym.backend (DESIGN.md, 'The registry and the selector')."""
+"""Registry and selection rules of tilegym.backend (docs/design.md, 'Registry and selector')."""
 
 from __future__ import annotations
 
