@@ -157,43 +157,49 @@ def to_pages(
     generator: torch.Generator | None = None,
     shared_prefix_pages: int = 0,
     spare_pages: int = 3,
+    garbage: float = float("nan"),
 ) -> PagedInputs:
-    """Scatter ``x``'s dense cache into randomly ordered pages (needs ``x.kv_lens``).
+    """Scatter ``x``'s dense cache into randomly ordered pages of ``page_size`` tokens.
 
-    Row 0's first ``shared_prefix_pages`` pages are also used by every other row whose dense
-    prefix equals it (the caller makes the prefixes equal; see ``share_prefix``): prefix
-    sharing. Slots past a row's length and ``spare_pages`` extra pages hold NaN.
+    Every row gets ``cdiv(S, page_size)`` pages (a block-table row); its slots at or past its
+    length, ``spare_pages`` extra pages and every unused table entry hold garbage (``garbage``
+    values; out-of-range page ids), so a kernel that reads past a row shows it. With
+    ``shared_prefix_pages`` = k, rows b > 0 use row 0's first k pages (prefix sharing): the
+    caller makes the dense prefixes equal first (``share_prefix``). The ragged page list
+    holds exactly each row's ``cdiv(len, page_size)`` pages. Vectorised: fine for benchmarks.
     """
     cache = x.cache
     batch, seq_len, width = cache.shape
-    lens = x.kv_lens.cpu().long().clamp(0, seq_len) if x.kv_lens is not None else torch.full((batch,), seq_len)
-    row_pages = [cdiv(int(n), page_size) for n in lens]
-    shared = min(shared_prefix_pages, int(lens[0]) // page_size) if batch else 0  # whole pages only
-    own = [row_pages[0]] + [max(0, n - shared) for n in row_pages[1:]]
-    total = sum(own) + spare_pages
-    order = torch.randperm(total, generator=generator).tolist()
-    pages = torch.full((total, page_size, width), float("nan"), dtype=torch.float32).to(cache.dtype)
-    tables, taken = [], 0
-    for b in range(batch):
-        ids = []
-        for j in range(row_pages[b]):
-            if b > 0 and j < shared:
-                ids.append(tables[0][j])
-                continue
-            page = order[taken]
-            taken += 1
-            rows = cache[b, j * page_size : min((j + 1) * page_size, int(lens[b]))].cpu()
-            pages[page, : rows.shape[0]] = rows
-            ids.append(page)
-        tables.append(ids)
-    max_pages = max(1, cdiv(seq_len, page_size))
-    block_table = torch.full((batch, max_pages), 1 << 30, dtype=torch.int32)  # unused entries: out of range
-    for b, ids in enumerate(tables):
-        block_table[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-    indptr = torch.tensor([0] + [len(t) for t in tables], dtype=torch.int64).cumsum(0).to(torch.int32)
-    indices = torch.tensor([i for t in tables for i in t], dtype=torch.int32)
-    device = x.q.device
-    return PagedInputs(x, pages.to(device), block_table.to(device), indptr.to(device), indices.to(device))
+    device = cache.device
+    lens = torch.full((batch,), seq_len, device=device) if x.kv_lens is None else x.kv_lens.long().clamp(0, seq_len)
+    row_pages = cdiv(seq_len, page_size)
+    total = batch * row_pages + spare_pages
+    order = torch.randperm(total, generator=generator).to(device)
+    table = order[: batch * row_pages].view(batch, row_pages)
+    shared = min(shared_prefix_pages, int(lens[0]) // page_size, row_pages) if batch else 0
+    if shared:
+        table[1:, :shared] = table[:1, :shared]
+    padded = torch.full((batch, row_pages * page_size, width), garbage, dtype=torch.float32, device=device)
+    positions = torch.arange(seq_len, device=device)
+    source = cache.float() if cache.dtype in FP8_DTYPES else cache
+    padded[:, :seq_len] = torch.where((positions[None, :] < lens[:, None])[..., None], source.float(), garbage)
+    pages = torch.full((total, page_size, width), garbage, dtype=torch.float32, device=device)
+    owner = torch.ones((batch, row_pages), dtype=torch.bool, device=device)
+    owner[1:, :shared] = False  # shared pages are written once, from row 0
+    pages[table[owner]] = padded.view(batch, row_pages, page_size, width)[owner]
+    pages = pages.to(cache.dtype)
+    used = cdiv_tensor(lens, page_size)
+    block_table = torch.where(
+        torch.arange(row_pages, device=device)[None, :] < used[:, None], table, 1 << 30
+    ).to(torch.int32)  # unused entries: out of range
+    indptr = torch.cat((used.new_zeros(1), used.cumsum(0))).to(torch.int32)
+    indices = table[torch.arange(row_pages, device=device)[None, :] < used[:, None]].to(torch.int32)
+    return PagedInputs(x, pages, block_table, indptr, indices)
+
+
+def cdiv_tensor(t: torch.Tensor, d: int) -> torch.Tensor:
+    """Ceiling division of a non-negative integer tensor."""
+    return torch.div(t + (d - 1), d, rounding_mode="floor")
 
 
 def share_prefix(x: MLAInputs, tokens: int) -> None:

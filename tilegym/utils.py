@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -40,8 +41,8 @@ def sm_count(device_index: int) -> int:
 
 
 def multiprocessor_count(device: torch.device) -> int:
-    """SM/CU count of ``device``; a nominal 132 (one H100/H200) for CPU tensors."""
+    """SM/CU count of ``device``; for CPU tensors the CPU's cores (Triton's interpreter runs there)."""
     if device.type != "cuda":
-        return 132
+        return os.cpu_count() or 1
     index = device.index if device.index is not None else torch.cuda.current_device()
     return sm_count(index)

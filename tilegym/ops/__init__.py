@@ -140,7 +140,7 @@ def mla_decoding_split_kv(
         return _compiled_call({"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, **arguments, "backend": backend})
     call = validate_mla_decoding(q, qpe, kv, kpe, **arguments)
     planned = plan_for_call(call, backend)
-    out, lse = planned.run(q, qpe, kv, kpe, call.kv_scale, call.user_out())
+    out, lse = planned.run(q, qpe, kv, kpe, call.kv_scale, out)
     return (out, lse) if call.return_lse else out
 
 
