@@ -7,8 +7,6 @@ bf16 cases here run the real kernel, unpatched, and must match float64.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 

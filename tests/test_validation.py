@@ -258,31 +258,63 @@ def ragged_args(**changes) -> dict:
 
 
 LAYOUT_CASES = {
-    "block_table int64": (paged_args(block_table=torch.zeros(B, 4, dtype=torch.int64)), TypeError, "block_table must be int32, got torch.int64"),
+    "block_table int64": (
+        paged_args(block_table=torch.zeros(B, 4, dtype=torch.int64)),
+        TypeError,
+        "block_table must be int32, got torch.int64",
+    ),
     "block_table not a tensor": (paged_args(block_table=[[0]]), TypeError, "block_table must be a torch.Tensor"),
-    "block_table rank": (paged_args(block_table=torch.zeros(8, dtype=torch.int32)), ValueError, r"block_table must have 2 dimensions \[B, max_pages_per_row\]"),
-    "block_table rows": (paged_args(block_table=torch.zeros(B + 1, 4, dtype=torch.int32)), ValueError, r"block_table.shape\[0\] must equal q.shape\[0\] \(B\)"),
+    "block_table rank": (
+        paged_args(block_table=torch.zeros(8, dtype=torch.int32)),
+        ValueError,
+        r"block_table must have 2 dimensions \[B, max_pages_per_row\]",
+    ),
+    "block_table rows": (
+        paged_args(block_table=torch.zeros(B + 1, 4, dtype=torch.int32)),
+        ValueError,
+        r"block_table.shape\[0\] must equal q.shape\[0\] \(B\)",
+    ),
     "missing kv_lens": (paged_args(kv_lens=None), ValueError, "kv_lens is required with a paged cache"),
     "both layouts": (
         paged_args(kv_indptr=torch.zeros(B + 1, dtype=torch.int32), kv_indices=torch.zeros(4, dtype=torch.int32)),
         ValueError,
         "give one page layout",
     ),
-    "indptr without indices": (ragged_args(kv_indices=None), ValueError, r"needs both kv_indptr= and kv_indices= \(kv_indices is missing\)"),
-    "indptr int64": (ragged_args(kv_indptr=torch.zeros(B + 1, dtype=torch.int64)), TypeError, "kv_indptr must be int32"),
-    "indptr length": (ragged_args(kv_indptr=torch.zeros(B, dtype=torch.int32)), ValueError, r"kv_indptr.shape\[0\] must equal q.shape\[0\] \+ 1"),
+    "indptr without indices": (
+        ragged_args(kv_indices=None),
+        ValueError,
+        r"needs both kv_indptr= and kv_indices= \(kv_indices is missing\)",
+    ),
+    "indptr int64": (
+        ragged_args(kv_indptr=torch.zeros(B + 1, dtype=torch.int64)),
+        TypeError,
+        "kv_indptr must be int32",
+    ),
+    "indptr length": (
+        ragged_args(kv_indptr=torch.zeros(B, dtype=torch.int32)),
+        ValueError,
+        r"kv_indptr.shape\[0\] must equal q.shape\[0\] \+ 1",
+    ),
     "page size not a power of two": (
         paged_args(kv=torch.randn(3, 6, D).half(), kpe=torch.randn(3, 6, P).half()),
         ValueError,
         r"kv.shape\[1\] \(page_size\) must be a power of two",
     ),
-    "kpe pages": (paged_args(kpe=torch.randn(PAGES + 1, PS, P).half()), ValueError, r"kpe.shape\[0\] must equal kv.shape\[0\] \(num_pages\)"),
+    "kpe pages": (
+        paged_args(kpe=torch.randn(PAGES + 1, PS, P).half()),
+        ValueError,
+        r"kpe.shape\[0\] must equal kv.shape\[0\] \(num_pages\)",
+    ),
     "length longer than the row's pages": (
         paged_args(kv_lens=torch.tensor([17, 5], dtype=torch.int32)),
         ValueError,
         r"kv_lens\[0\] = 17 must be in \[0, 16\].*longer than its pages",
     ),
-    "negative length with pages": (paged_args(kv_lens=torch.tensor([3, -1], dtype=torch.int32)), ValueError, r"kv_lens\[1\] = -1"),
+    "negative length with pages": (
+        paged_args(kv_lens=torch.tensor([3, -1], dtype=torch.int32)),
+        ValueError,
+        r"kv_lens\[1\] = -1",
+    ),
     "page id out of range": (
         paged_args(block_table=torch.tensor([[0, 1, 2, 9], [4, 5, 6, 7]], dtype=torch.int32)),
         ValueError,
@@ -304,7 +336,9 @@ LAYOUT_CASES = {
         r"kv_indices holds page id 99",
     ),
     "ragged indptr decreasing": (
-        ragged_args(kv_indptr=torch.tensor([0, 4, 2], dtype=torch.int32), kv_lens=torch.tensor([16, 0], dtype=torch.int32)),
+        ragged_args(
+            kv_indptr=torch.tensor([0, 4, 2], dtype=torch.int32), kv_lens=torch.tensor([16, 0], dtype=torch.int32)
+        ),
         ValueError,
         "kv_indptr must be non-decreasing",
     ),

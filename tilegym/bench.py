@@ -1,11 +1,18 @@
 """``python -m tilegym bench``: every available backend of ``mla_decoding_split_kv``, side by side.
 
 One run measures the machine's ceilings (device-to-device copy bandwidth, bf16 matmul
-rate), then for each shape of a suite and each backend: checks the output against the
-float64 oracle on fresh random inputs, times it (CUDA graph replay or CUDA events,
-median; rotating input sets when a set would fit in L2), and reports microseconds, GB/s,
-TFLOP/s, the share of each ceiling and of the roofline floor, and the speed ratios
-between backends. Writes JSON, CSV, a markdown table and a PNG plot.
+rate), then for each shape of a suite and each backend: plans the call once (as a serving
+engine does per decode step), checks the output against the float64 oracle on fresh
+random inputs, times it (CUDA graph replay of planned calls, median; rotating input sets
+when a set would fit in L2), measures the host time of eager planned and unplanned calls,
+and reports microseconds, GB/s, TFLOP/s, the share of each ceiling and of the roofline
+floor, and the speed ratios between backends. Writes JSON, CSV, a markdown table and a
+PNG plot.
+
+Shapes have a batch, a cache length S, heads, new tokens per row (Q) and a length
+distribution: every row S long ("full"), lengths uniform in [1, S] ("uniform"), or most rows
+short and a few S long ("long-tail"). Bytes and FLOPs count the tokens actually present.
+``--layout paged|ragged --page-size N`` stores the cache in randomly ordered pages.
 
 On a CPU the harness runs too (the ``tiny`` suite, fp16, Triton in its interpreter): the
 numbers there only prove the harness works.
@@ -24,6 +31,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,40 +40,55 @@ import torch
 
 from tilegym.backend import BACKENDS, device_vendor, implementations
 from tilegym.cli import demo_backends, describe_device
-from tilegym.ops import mla_decoding_split_kv
+from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
 from tilegym.ops.contract import validate_mla_decoding
-from tilegym.testing import REL_L2_TOLERANCE, MLAInputs, make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.quant import cache_format
+from tilegym.testing import (
+    REL_L2_TOLERANCE,
+    MLAInputs,
+    make_mla_inputs,
+    mla_decode_float64,
+    relative_error,
+    to_pages,
+)
 from tilegym.timing import time_calls
 from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES, cdiv
 
 OP = "mla_decoding_split_kv"
 HEAD_DIM, ROPE_DIM = 512, 64  # DeepSeek-V2/V3 latent and rope widths
+LENGTH_KINDS = ("full", "uniform", "long-tail")
+LAYOUTS = ("dense", "paged", "ragged")
 
 # Backends whose fp8-KV path also quantises the query to fp8 (aiter's a8w8 kernels; see
 # tilegym/ops/aiter): e4m3 rounding of q alone gives ~3e-2 (measured under the emulation).
 FP8_QUERY_BACKENDS = ("aiter",)
-FP8_QUERY_TOLERANCE = 5e-2
 
 ROTATE_BYTES = 256 << 20  # rotate input sets until together they exceed this (H200 L2: 60 MB)
 MAX_INPUT_SETS = 64
 CHECK_ROWS = 4  # batch rows compared with the float64 oracle (rows are independent)
+HOST_CALLS = 200  # back-to-back eager calls timed on the host
+LENGTH_SEED = 20261130  # lengths of the mixed suites are the same in every run
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One decode step: ``batch`` requests of ``seq_len`` cached tokens, ``heads`` query heads."""
+    """One decode step: ``batch`` rows, cache length ``seq_len``, ``heads``, ``q_len`` new tokens."""
 
     batch: int
     seq_len: int
     heads: int
+    q_len: int = 1
+    lengths: str = "full"
 
     @property
     def label(self) -> str:
-        return f"B{self.batch} S{self.seq_len} H{self.heads}"
+        label = f"B{self.batch} S{self.seq_len} H{self.heads}"
+        label += f" Q{self.q_len}" if self.q_len > 1 else ""
+        return label + (f" {self.lengths}" if self.lengths != "full" else "")
 
 
-def _shapes(*bsh: tuple[int, int, int]) -> tuple[Shape, ...]:
-    return tuple(Shape(b, s, h) for b, s, h in bsh)
+def _shapes(*specs: tuple) -> tuple[Shape, ...]:
+    return tuple(Shape(*spec) for spec in specs)
 
 
 SUITES: dict[str, tuple[Shape, ...]] = {
@@ -80,24 +103,53 @@ SUITES: dict[str, tuple[Shape, ...]] = {
         (4, 1024, 16),
     ),
     "amd-mixed-mla": _shapes(*((b, s, 16) for b in (4, 32, 64, 256) for s in (1024, 8192))),
+    "mixed": _shapes(
+        (64, 8192, 16, 1, "uniform"),
+        (64, 8192, 16, 1, "long-tail"),
+        (128, 4096, 16, 1, "uniform"),
+        (128, 4096, 128, 1, "uniform"),
+        (128, 4096, 128, 1, "full"),
+    ),
+    "many-heads": _shapes((64, 4096, 64), (64, 4096, 128), (128, 8192, 128), (128, 4096, 128, 1, "uniform")),
+    "mtp": _shapes((64, 4096, 16, 1), (64, 4096, 16, 2), (64, 4096, 16, 4), (64, 4096, 128, 2)),
     "quick": _shapes((64, 4096, 16), (64, 4096, 128), (4, 1024, 16)),
-    "tiny": _shapes((2, 128, 16)),  # CPU smoke run: Triton's interpreter included
+    "tiny": _shapes((2, 128, 16), (3, 96, 16, 2, "uniform")),  # CPU smoke run: Triton's interpreter included
 }
+
+
+def row_lengths(shape: Shape) -> list[int]:
+    """Each row's cached tokens, the same in every run (seeded): full, uniform in [1, S], or long-tail.
+
+    Long-tail: one row in eight is S long, the others uniform in [1, S/16].
+    """
+    if shape.lengths == "full":
+        return [shape.seq_len] * shape.batch
+    g = torch.Generator().manual_seed(LENGTH_SEED + shape.batch * 7 + shape.seq_len)
+    if shape.lengths == "uniform":
+        return torch.randint(1, shape.seq_len + 1, (shape.batch,), generator=g).tolist()
+    short = torch.randint(1, max(2, shape.seq_len // 16) + 1, (shape.batch,), generator=g).tolist()
+    return [shape.seq_len if b % 8 == 7 else n for b, n in enumerate(short)]
 
 
 # ---------------------------------------------------------------------------------------
 # The formulas (docs/performance.md): the one place bytes, FLOPs and the floor are counted.
 
 
-def traffic_bytes(shape: Shape, kv_elsize: int, q_elsize: int = 2) -> int:
-    """Fewest bytes moved: KV cache read once, q/qpe read once, output written once."""
-    b, s, h = shape.batch, shape.seq_len, shape.heads
-    return b * s * (HEAD_DIM + ROPE_DIM) * kv_elsize + b * h * (HEAD_DIM + ROPE_DIM) * q_elsize + b * h * HEAD_DIM * 2
+def kv_bytes_per_token(kv_dtype: torch.dtype) -> int:
+    """Cache bytes read per token (latent + rope, plus scales for block-scaled formats)."""
+    name = "fp8" if kv_dtype in FP8_DTYPES else DTYPE_SHORT_NAMES[kv_dtype]
+    return cache_format(name).bytes_per_token(HEAD_DIM, ROPE_DIM)
 
 
-def flop_count(shape: Shape) -> int:
-    """FLOPs by the FlashMLA convention: QK^T over D+P plus PV over D, softmax not counted."""
-    return 2 * shape.batch * shape.heads * shape.seq_len * (HEAD_DIM + ROPE_DIM + HEAD_DIM)
+def traffic_bytes(shape: Shape, tokens: int, kv_token_bytes: int, q_elsize: int = 2) -> int:
+    """Fewest bytes moved: the tokens present read once, queries read once, output written once."""
+    rows = shape.batch * shape.q_len * shape.heads
+    return tokens * kv_token_bytes + rows * (HEAD_DIM + ROPE_DIM) * q_elsize + rows * HEAD_DIM * 2
+
+
+def flop_count(shape: Shape, tokens: int) -> int:
+    """FLOPs by the FlashMLA convention: QK^T over D+P plus PV over D for every query row, softmax not counted."""
+    return 2 * shape.heads * shape.q_len * tokens * (HEAD_DIM + ROPE_DIM + HEAD_DIM)
 
 
 @dataclass(frozen=True)
@@ -168,6 +220,9 @@ class BenchConfig:
     warmup: int
     repeat: int
     ceilings: Ceilings
+    layout: str = "dense"
+    page_size: int = 64
+    splits: tuple[int | None, ...] = (None,)  # kv_len_per_split values (None: the backend's choice)
 
 
 @dataclass
@@ -181,12 +236,21 @@ class Row:
     dtype: str
     kv_dtype: str
     status: str  # ok | FAILED (wrong result) | error (raised) | skipped (cannot run these inputs)
+    q_len: int = 1
+    lengths: str = "full"
+    layout: str = "dense"
+    page_size: int | None = None
+    split: int | None = None  # kv_len_per_split given to the op (None: the backend's choice)
+    tokens: int | None = None
     rel_err: float | None = None
     tolerance: float | None = None
     mode: str | None = None
     input_sets: int | None = None
     time_us: float | None = None
     spread_us: float | None = None
+    host_us: float | None = None  # host time of one eager call with a plan
+    host_unplanned_us: float | None = None  # host time of one eager call without a plan
+    plan_us: float | None = None  # host time of plan_mla_decoding
     gbps: float | None = None
     tflops: float | None = None
     pct_copy_bw: float | None = None
@@ -195,25 +259,44 @@ class Row:
     pct_roofline: float | None = None
     x_vs_torch: float | None = None
     x_vs_best: float | None = None
+    auto_backend: str | None = None  # what ``auto`` picks for this shape (set per shape)
     note: str = ""
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.batch, self.seq_len, self.heads)
+        return Shape(self.batch, self.seq_len, self.heads, self.q_len, self.lengths)
+
+    @property
+    def label(self) -> str:
+        return self.backend + (f"@split{self.split}" if self.split else "")
+
+
+@dataclass
+class StepInputs:
+    """One input set: the op's tensors for the configured layout (page tables shared by all sets)."""
+
+    q: torch.Tensor
+    qpe: torch.Tensor
+    kv: torch.Tensor
+    kpe: torch.Tensor
+    kv_scale: torch.Tensor | None
 
 
 @dataclass
 class ShapeData:
-    """Rotating input sets for one shape (set 0 is checked) and the oracle of its sampled rows."""
+    """Rotating input sets for one shape (set 0 is checked), the shared index tensors, the oracle."""
 
-    sets: list[MLAInputs]
+    sets: list[StepInputs]
     outs: list[torch.Tensor]
+    index: dict[str, torch.Tensor]  # kv_lens and the layout's page table, shared by every set
+    tokens: int
     rows: torch.Tensor  # batch rows compared with the oracle
     expected: torch.Tensor  # float64 oracle output of those rows
 
 
 def working_set_bytes(shape: Shape, cfg: BenchConfig) -> int:
-    return traffic_bytes(shape, cfg.kv_dtype.itemsize, cfg.dtype.itemsize)
+    tokens = shape.batch * shape.seq_len
+    return traffic_bytes(shape, tokens, kv_bytes_per_token(cfg.kv_dtype), cfg.dtype.itemsize)
 
 
 def input_set_count(shape: Shape, cfg: BenchConfig) -> int:
@@ -229,52 +312,90 @@ def checked_rows(batch: int) -> torch.Tensor:
     return torch.tensor(picks, dtype=torch.long)
 
 
-def make_shape_data(shape: Shape, cfg: BenchConfig) -> ShapeData:
+def _one_set(
+    shape: Shape, cfg: BenchConfig, lengths: list[int] | None, index_seed: int
+) -> tuple[MLAInputs, StepInputs, dict]:
     kv_dtype = None if cfg.kv_dtype == cfg.dtype else cfg.kv_dtype
+    args = (shape.batch, shape.heads, shape.seq_len, HEAD_DIM, ROPE_DIM)
+    x = make_mla_inputs(
+        *args, dtype=cfg.dtype, kv_dtype=kv_dtype, device=cfg.device, kv_lens=lengths, q_len=shape.q_len
+    )
+    index = {"kv_lens": x.kv_lens} if x.kv_lens is not None else {}
+    if cfg.layout == "dense":
+        return x, StepInputs(x.q, x.qpe, x.kv, x.kpe, x.kv_scale), index
+    pages = to_pages(x, cfg.page_size, generator=torch.Generator().manual_seed(index_seed))
+    return x, StepInputs(x.q, x.qpe, pages.kv, pages.kpe, x.kv_scale), pages.layout_kwargs(cfg.layout)
 
-    def one_set() -> MLAInputs:
-        args = (shape.batch, shape.heads, shape.seq_len, HEAD_DIM, ROPE_DIM)
-        return make_mla_inputs(*args, dtype=cfg.dtype, kv_dtype=kv_dtype, device=cfg.device)
 
-    sets = [one_set() for _ in range(input_set_count(shape, cfg))]
-    outs = [torch.empty(shape.batch, shape.heads, HEAD_DIM, dtype=cfg.dtype, device=cfg.device) for _ in sets]
+def make_shape_data(shape: Shape, cfg: BenchConfig) -> ShapeData:
+    """Input sets sharing one page table (same seed), like the layers of one decode step."""
+    lengths = None if shape.lengths == "full" and cfg.layout == "dense" else row_lengths(shape)
+    first, step, index = _one_set(shape, cfg, lengths, index_seed=1)
+    sets = [step]
+    for _ in range(input_set_count(shape, cfg) - 1):
+        sets.append(_one_set(shape, cfg, lengths, index_seed=1)[1])
+    outs = [torch.empty(first.q.shape[:-1] + (HEAD_DIM,), dtype=cfg.dtype, device=cfg.device) for _ in sets]
     rows = checked_rows(shape.batch)
-    first = sets[0]
     picked = [t.index_select(0, rows.to(cfg.device)) for t in (first.q, first.qpe, first.kv, first.kpe)]
-    expected, _ = mla_decode_float64(*picked, kv_scale=first.kv_scale)
-    return ShapeData(sets, outs, rows, expected)
+    lens = None if first.kv_lens is None else first.kv_lens.index_select(0, rows.to(cfg.device))
+    expected, _ = mla_decode_float64(*picked, kv_lens=lens, kv_scale=first.kv_scale)
+    tokens = sum(lengths) if lengths is not None else shape.batch * shape.seq_len
+    del first
+    return ShapeData(sets, outs, index, tokens, rows, expected)
 
 
-def op_call(backend: str, inputs: MLAInputs, out: torch.Tensor) -> Callable[[], object]:
+def op_kwargs(data: ShapeData, step: StepInputs, split: int | None) -> dict:
+    kwargs = dict(data.index)
+    if step.kv_scale is not None:
+        kwargs["kv_scale"] = step.kv_scale
+    if split is not None:
+        kwargs["kv_len_per_split"] = split
+    return kwargs
+
+
+def make_plan(backend: str, data: ShapeData, split: int | None) -> object:
+    step = data.sets[0]
+    return plan_mla_decoding(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, split), backend=backend)
+
+
+def planned_call(plan: object, data: ShapeData, i: int) -> Callable[[], object]:
+    step, out = data.sets[i], data.outs[i]
+
     def run() -> object:
-        return mla_decoding_split_kv(
-            inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_scale=inputs.kv_scale, out=out, backend=backend
-        )
+        return mla_decoding_split_kv(step.q, step.qpe, step.kv, step.kpe, kv_scale=step.kv_scale, out=out, plan=plan)
+
+    return run
+
+
+def unplanned_call(backend: str, data: ShapeData, split: int | None) -> Callable[[], object]:
+    step, out = data.sets[0], data.outs[0]
+    kwargs = op_kwargs(data, step, split)
+
+    def run() -> object:
+        return mla_decoding_split_kv(step.q, step.qpe, step.kv, step.kpe, **kwargs, out=out, backend=backend)
 
     return run
 
 
 def interpreter_limitations(backend: str, dtype: torch.dtype, device: torch.device) -> list[str]:
-    """Known-wrong cases of Triton's CPU interpreter (docs: bf16 ``tl.dot`` multiplies raw bits)."""
-    interpreted = backend == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-    if interpreted and dtype == torch.bfloat16:
-        return ["Triton's interpreter computes bf16 tl.dot wrongly (a known upstream limitation); use fp16 on a CPU"]
+    """Known-wrong cases of Triton's CPU interpreter: none left (the kernel widens dot operands there)."""
     return []
 
 
-def unsupported_reasons(backend: str, inputs: MLAInputs) -> list[str]:
-    """Why ``backend`` cannot run these inputs: the registry's reasons, then the interpreter's."""
+def unsupported_reasons(backend: str, data: ShapeData, split: int | None) -> list[str]:
+    """Why ``backend`` cannot run these inputs: the registry's reasons."""
     impl = implementations(OP).get(backend)
     if impl is None:
         return ["no implementation of this op"]
-    call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_scale=inputs.kv_scale)
-    return impl.reasons(call) or interpreter_limitations(backend, call.q.dtype, call.device)
+    step = data.sets[0]
+    call = validate_mla_decoding(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, split))
+    return impl.reasons(call)
 
 
-def check_result(backend: str, data: ShapeData, tolerance: float) -> tuple[float, str]:
+def check_result(run: Callable[[], object], data: ShapeData, tolerance: float) -> tuple[float, str]:
     """Run once on a NaN-poisoned output; return (rel. error of the sampled rows, problem or "")."""
     out = data.outs[0].fill_(float("nan"))
-    op_call(backend, data.sets[0], out)()
+    run()
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
     err = relative_error(out.index_select(0, data.rows.to(out.device)), data.expected)
@@ -285,8 +406,36 @@ def check_result(backend: str, data: ShapeData, tolerance: float) -> tuple[float
     return err, ""
 
 
-def fill_metrics(row: Row, ceilings: Ceilings, kv_elsize: int, q_elsize: int) -> None:
-    nbytes, flops = traffic_bytes(row.shape, kv_elsize, q_elsize), flop_count(row.shape)
+def host_us_per_call(run: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Wall time per call of ``calls`` back-to-back eager calls, without waiting for the GPU in between."""
+    for _ in range(3):
+        run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    elapsed = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return elapsed / calls * 1e6
+
+
+def plan_host_us(backend: str, data: ShapeData, split: int | None, device: torch.device) -> float:
+    """Median host time of building a plan (its device work is launched, not awaited)."""
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        make_plan(backend, data, split)
+        samples.append((time.perf_counter() - start) * 1e6)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return sorted(samples)[len(samples) // 2]
+
+
+def fill_metrics(row: Row, ceilings: Ceilings, kv_token_bytes: int, q_elsize: int) -> None:
+    nbytes = traffic_bytes(row.shape, row.tokens, kv_token_bytes, q_elsize)
+    flops = flop_count(row.shape, row.tokens)
     row.gbps = nbytes / (row.time_us * 1e3)
     row.tflops = flops / (row.time_us * 1e6)
     row.pct_copy_bw = 100 * row.gbps / ceilings.copy_gbps
@@ -297,59 +446,75 @@ def fill_metrics(row: Row, ceilings: Ceilings, kv_elsize: int, q_elsize: int) ->
 
 def error_tolerance(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
     """The relative L2 error vs float64 a correct ``backend`` stays under for these dtypes."""
-    if kv_dtype in FP8_DTYPES and backend in FP8_QUERY_BACKENDS:
-        return FP8_QUERY_TOLERANCE
+    if kv_dtype in FP8_DTYPES:
+        fmt = cache_format("fp8")
+        return fmt.query_quantized_tolerance if backend in FP8_QUERY_BACKENDS else fmt.output_tolerance[dtype]
     return REL_L2_TOLERANCE[dtype]
 
 
-def new_row(backend: str, shape: Shape, cfg: BenchConfig, status: str = "", note: str = "") -> Row:
-    dtypes = DTYPE_SHORT_NAMES[cfg.dtype], DTYPE_SHORT_NAMES[cfg.kv_dtype]
-    tolerance = error_tolerance(backend, cfg.dtype, cfg.kv_dtype)
-    return Row(backend, *dataclasses.astuple(shape), *dtypes, status, tolerance=tolerance, note=note)
+def new_row(backend: str, shape: Shape, cfg: BenchConfig, split: int | None, status: str = "", note: str = "") -> Row:
+    return Row(
+        backend,
+        shape.batch,
+        shape.seq_len,
+        shape.heads,
+        DTYPE_SHORT_NAMES[cfg.dtype],
+        DTYPE_SHORT_NAMES[cfg.kv_dtype],
+        status,
+        q_len=shape.q_len,
+        lengths=shape.lengths,
+        layout=cfg.layout,
+        page_size=cfg.page_size if cfg.layout != "dense" else None,
+        split=split,
+        tolerance=error_tolerance(backend, cfg.dtype, cfg.kv_dtype),
+        note=note,
+    )
 
 
-def error_row(backend: str, shape: Shape, cfg: BenchConfig, note: str) -> Row:
-    return new_row(backend, shape, cfg, "error", note)
-
-
-def bench_backend(backend: str, shape: Shape, data: ShapeData, cfg: BenchConfig) -> Row:
+def bench_backend(backend: str, shape: Shape, data: ShapeData, cfg: BenchConfig, split: int | None) -> Row:
     """Check, then time, one backend on one shape; never raises."""
-    row = new_row(backend, shape, cfg)
+    row = new_row(backend, shape, cfg, split)
+    row.tokens = data.tokens
     try:
-        reasons = unsupported_reasons(backend, data.sets[0])
+        reasons = unsupported_reasons(backend, data, split)
         if reasons:
             row.status, row.note = "skipped", "; ".join(reasons)
             return row
-        err, problem = check_result(backend, data, row.tolerance)
+        plan = make_plan(backend, data, split)
+        err, problem = check_result(planned_call(plan, data, 0), data, row.tolerance)
         row.rel_err = err if math.isfinite(err) else None  # JSON has no NaN; the note says why
         if problem:
             row.status, row.note = "FAILED", problem
             return row
-        calls = [op_call(backend, s, o) for s, o in zip(data.sets, data.outs, strict=True)]
-        # Graph replay at every size, as serving engines run decode: eager timing also counts the
-        # Python dispatch before each sample's first launch (Triton 128x8192x16: 328 us eager vs
-        # 289 us replayed, two runs on the H200).
+        calls = [planned_call(plan, data, i) for i in range(len(data.sets))]
+        # Graph replay of planned calls, as serving engines run decode (one plan per step).
         timing = time_calls(calls, cfg.device, warmup=cfg.warmup, repeat=cfg.repeat, use_graph=True)
+        host_calls = HOST_CALLS if cfg.device.type == "cuda" else 2
+        row.host_us = host_us_per_call(calls[0], cfg.device, host_calls)
+        row.host_unplanned_us = host_us_per_call(
+            unplanned_call(backend, data, split), cfg.device, max(1, host_calls // 4)
+        )
+        row.plan_us = plan_host_us(backend, data, split, cfg.device)
     except Exception as exc:  # one backend's failure must not stop the others
         row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         return row
     row.status, row.mode, row.input_sets = "ok", timing.mode, len(calls)
     row.time_us, row.spread_us = timing.median_us, timing.spread_us
-    fill_metrics(row, cfg.ceilings, cfg.kv_dtype.itemsize, cfg.dtype.itemsize)
+    fill_metrics(row, cfg.ceilings, kv_bytes_per_token(cfg.kv_dtype), cfg.dtype.itemsize)
     return row
 
 
 def add_ratios(rows: Sequence[Row]) -> None:
-    """Per shape: speed relative to the torch backend (x faster) and to the fastest backend."""
+    """Per shape: speed relative to the torch backend (x faster) and to the fastest row."""
     for shape in {r.shape for r in rows}:
-        timed = {r.backend: r.time_us for r in rows if r.shape == shape and r.status == "ok"}
+        timed = [r for r in rows if r.shape == shape and r.status == "ok"]
         if not timed:
             continue
-        best = min(timed.values())
-        for r in rows:
-            if r.shape == shape and r.status == "ok":
-                r.x_vs_best = best / r.time_us
-                r.x_vs_torch = timed["torch"] / r.time_us if "torch" in timed else None
+        best = min(r.time_us for r in timed)
+        torch_rows = [r.time_us for r in timed if r.backend == "torch" and r.split is None]
+        for r in timed:
+            r.x_vs_best = best / r.time_us
+            r.x_vs_torch = torch_rows[0] / r.time_us if torch_rows else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,12 +542,23 @@ def nvidia_driver_version() -> str:
         return "unknown"
 
 
+def device_arch_name(device: torch.device) -> str:
+    """'sm_90'-style arch of an NVIDIA GPU, the gfx name of an AMD one, 'cpu' otherwise."""
+    if device.type != "cuda":
+        return "cpu"
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
 def environment(device: torch.device) -> dict[str, str]:
     """Date, device, driver and library versions: the header of every result file."""
     on_gpu = device.type == "cuda"
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "device": describe_device(device),
+        "arch": device_arch_name(device),
         "vendor": device_vendor(device),
         "driver": nvidia_driver_version() if on_gpu and not torch.version.hip else "n/a",
         "torch": torch.__version__,
@@ -419,6 +595,9 @@ MARKDOWN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rel. err", "rel_err", ".1e"),
     ("us", "time_us", ".1f"),
     ("± us", "spread_us", ".1f"),
+    ("host us", "host_us", ".1f"),
+    ("host us (no plan)", "host_unplanned_us", ".0f"),
+    ("plan us", "plan_us", ".0f"),
     ("GB/s", "gbps", ".0f"),
     ("TFLOP/s", "tflops", ".1f"),
     ("% copy BW", "pct_copy_bw", ".0f"),
@@ -439,21 +618,26 @@ def markdown_report(title: str, env: dict[str, str], ceilings: Ceilings, rows: S
         f"{ceilings.matmul_tflops:.4g} TFLOP/s"
     )
     lines += [
-        "- us: median per call (mode column); ± us: p75 - p25 of the samples. "
-        "% roofline = floor / time, floor = max(bytes / copy BW, FLOPs / matmul rate).",
+        "- us: median per call of CUDA-graph-replayed planned calls (mode column), combine included; "
+        "± us: p75 - p25 of the samples. host us: wall time per call of back-to-back eager calls with "
+        "a plan (no plan: the same without one); plan us: host time of plan_mla_decoding. Bytes and "
+        "FLOPs count the tokens present. % roofline = floor / time, floor = max(bytes / copy BW, "
+        "FLOPs / matmul rate). auto: the backend `auto` picks for the shape.",
         "",
-        "| backend | B | S | H | status | mode | sets | " + " | ".join(h for h, _, _ in MARKDOWN_COLUMNS) + " |",
-        "|" + "---|" * (7 + len(MARKDOWN_COLUMNS)),
+        "| backend | B | S | H | Q | lengths | layout | status | mode | sets | "
+        + " | ".join(h for h, _, _ in MARKDOWN_COLUMNS)
+        + " | auto |",
+        "|" + "---|" * (11 + len(MARKDOWN_COLUMNS)),
     ]
     for r in rows:
         values = [_fmt(getattr(r, field), spec) for _, field, spec in MARKDOWN_COLUMNS]
         mode = (r.mode or "-").split(" (")[0]
-        fixed = [r.backend, str(r.batch), str(r.seq_len), str(r.heads), r.status, mode, _fmt(r.input_sets, "d")]
-        lines.append("| " + " | ".join(fixed + values) + " |")
+        layout = r.layout + (f"/{r.page_size}" if r.page_size else "")
+        fixed = [r.label, str(r.batch), str(r.seq_len), str(r.heads), str(r.q_len), r.lengths, layout, r.status]
+        fixed += [mode, _fmt(r.input_sets, "d")]
+        lines.append("| " + " | ".join(fixed + values + [r.auto_backend or "-"]) + " |")
     notes = [
-        f"- {r.backend} {r.shape.label}: {r.status}: {r.note or r.mode}"
-        for r in rows
-        if r.note or "(" in (r.mode or "")
+        f"- {r.label} {r.shape.label}: {r.status}: {r.note or r.mode}" for r in rows if r.note or "(" in (r.mode or "")
     ]
     if notes:
         lines += ["", "Notes:", *notes]
@@ -478,11 +662,11 @@ def write_plot(path: Path, title: str, rows: Sequence[Row]) -> str:
     except ImportError:
         return "plot skipped: matplotlib is not installed (pip install matplotlib)"
     shapes = list(dict.fromkeys(r.shape for r in rows))
-    backends = list(dict.fromkeys(r.backend for r in rows))
+    backends = list(dict.fromkeys(r.label for r in rows))
     width = 0.8 / max(len(backends), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(shapes) + 2), 4.5))
     for i, backend in enumerate(backends):
-        by_shape = {r.shape: r for r in rows if r.backend == backend}
+        by_shape = {r.shape: r for r in rows if r.label == backend}
         xs = [x + i * width for x in range(len(shapes))]
         heights = [(by_shape[s].pct_roofline or 0.0) if s in by_shape else 0.0 for s in shapes]
         ax.bar(xs, heights, width, label=backend)
@@ -532,6 +716,22 @@ def parse_backends(text: str | None, device: torch.device) -> list[str]:
     return names
 
 
+def parse_sweep(text: str | None) -> tuple[int | None, ...]:
+    """``--sweep kv_len_per_split=64,128`` -> (None, 64, 128): the default plus each value."""
+    if not text:
+        return (None,)
+    name, _, values = text.partition("=")
+    if name != "kv_len_per_split" or not values:
+        raise ValueError(f"--sweep: expected kv_len_per_split=N[,N...], got {text!r}")
+    try:
+        numbers = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--sweep: {exc}") from exc
+    if not numbers or min(numbers) < 1:
+        raise ValueError(f"--sweep: split lengths must be positive integers, got {values!r}")
+    return (None, *numbers)
+
+
 def fp8_dtype(device: torch.device) -> torch.dtype:
     """The vendor's fp8 KV format: e4m3fnuz on AMD, e4m3fn elsewhere."""
     wanted = "float8_e4m3fnuz" if device_vendor(device) == "amd" else "float8_e4m3fn"
@@ -541,15 +741,28 @@ def fp8_dtype(device: torch.device) -> torch.dtype:
     raise ValueError(f"this torch build has no {wanted}")
 
 
+def default_out_dir(suite: str) -> Path:
+    """``$TILEGYM_RESULTS_DIR/<suite>``, else ``./tilegym-results/<suite>`` (never the package's source tree)."""
+    root = os.environ.get("TILEGYM_RESULTS_DIR")
+    return Path(root).expanduser() / suite if root else Path("tilegym-results") / suite
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tilegym bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=sorted(SUITES), default="quick", help="named list of (B, S, H) shapes")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="quick", help="named list of shapes")
     parser.add_argument("--backends", help="comma-separated backends (default: every available one)")
     parser.add_argument(
         "--dtype", choices=("bf16", "fp16"), help="dtype of q and the output (default: bf16 on a GPU, fp16 on a CPU)"
     )
     parser.add_argument("--kv-dtype", choices=("fp8",), help="quantised KV cache (default: the --dtype)")
-    parser.add_argument("--out-dir", type=Path, help="default: benchmarks/results/<suite>")
+    parser.add_argument("--layout", choices=LAYOUTS, default="dense", help="cache layout (default: dense rows)")
+    parser.add_argument("--page-size", type=int, default=64, help="tokens per page with --layout paged/ragged")
+    parser.add_argument("--sweep", help="extra rows per backend: kv_len_per_split=N[,N...]")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        help="where results go (default: $TILEGYM_RESULTS_DIR/<suite> or ./tilegym-results/<suite>)",
+    )
     parser.add_argument("--repeat", type=int, help="timed samples per row (default 50 on a GPU, 3 on a CPU)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     parser.add_argument(
@@ -558,28 +771,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def auto_choice(shape_rows: list[Row], data: ShapeData) -> str | None:
+    """The backend ``auto`` picks for this shape's inputs (None when nothing can run them)."""
+    from tilegym.backend import select
+
+    step = data.sets[0]
+    try:
+        call = validate_mla_decoding(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, None))
+        return select(OP, call, "auto").backend
+    except Exception:  # noqa: BLE001 - the column says "-" when nothing can run
+        return None
+
+
 def run_suite(
     shapes: Sequence[Shape],
     backends: Sequence[str],
     cfg: BenchConfig,
     after_shape: Callable[[list[Row]], None] | None = None,
 ) -> list[Row]:
-    """Every backend on every shape, same inputs per shape, with a progress bar.
+    """Every backend (and split) on every shape, same inputs per shape, with a progress bar.
 
     ``after_shape(rows so far)`` runs after each shape, so a run cut short keeps its results.
     """
-    progress = ProgressBar(len(shapes) * len(backends))
+    progress = ProgressBar(len(shapes) * len(backends) * len(cfg.splits))
     rows: list[Row] = []
     for shape in shapes:
         try:
             data, problem = make_shape_data(shape, cfg), ""
         except Exception as exc:  # e.g. out of memory: report it on every backend's row, go on
             data, problem = None, f"making inputs failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+        shape_rows = []
         for backend in backends:
-            row = bench_backend(backend, shape, data, cfg) if data else error_row(backend, shape, cfg, problem)
-            rows.append(row)
-            timed = f"{row.time_us:.1f} us" if row.time_us is not None else row.note[:60]
-            progress.step(f"{backend} {shape.label}: {row.status} {timed}")
+            for split in cfg.splits:
+                if data is not None:
+                    row = bench_backend(backend, shape, data, cfg, split)
+                else:
+                    row = new_row(backend, shape, cfg, split, "error", problem)
+                shape_rows.append(row)
+                timed = f"{row.time_us:.1f} us" if row.time_us is not None else row.note[:60]
+                progress.step(f"{row.label} {shape.label}: {row.status} {timed}")
+        choice = auto_choice(shape_rows, data) if data is not None else None
+        for row in shape_rows:
+            row.auto_backend = choice
+        rows.extend(shape_rows)
         del data
         if cfg.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -592,7 +826,8 @@ def run_suite(
 def rewrite_from_json(path: Path, plot: bool) -> int:
     """Regenerate a report's other files from its JSON (e.g. plot on a machine with matplotlib)."""
     report = json.loads(path.read_text())
-    rows = [Row(**r) for r in report["rows"]]
+    fields = {f.name for f in dataclasses.fields(Row)}
+    rows = [Row(**{k: v for k, v in r.items() if k in fields}) for r in report["rows"]]
     title = report["title"]
     for message in write_outputs(path.parent, path.stem, report, rows, title, plot=plot):
         print(message, file=sys.stderr)
@@ -606,32 +841,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rewrite_from_json(args.from_json, plot=not args.no_plot)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cpu":
-        # No GPU: Triton runs in its interpreter (read at the kernels' first use), whose bf16
-        # dots are wrong, hence fp16 by default there.
+        # No GPU: Triton runs in its interpreter (read when its kernels are first defined).
         os.environ.setdefault("TRITON_INTERPRET", "1")
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     try:
         backends = parse_backends(args.backends, device)
         kv_dtype = fp8_dtype(device) if args.kv_dtype == "fp8" else dtype
+        splits = parse_sweep(args.sweep)
+        if args.page_size < 1 or args.page_size & (args.page_size - 1):
+            raise ValueError(f"--page-size must be a power of two, got {args.page_size}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     on_gpu = device.type == "cuda"
     repeat = args.repeat or (50 if on_gpu else 3)
+    out_dir = args.out_dir or default_out_dir(args.suite)
+    print(f"results go to {out_dir.resolve()}", file=sys.stderr)
     print(f"measuring ceilings on {describe_device(device)} ...", file=sys.stderr)
     ceilings = measure_ceilings(device)
-    cfg = BenchConfig(device, dtype, kv_dtype, warmup=5 if on_gpu else 1, repeat=repeat, ceilings=ceilings)
+    cfg = BenchConfig(
+        device,
+        dtype,
+        kv_dtype,
+        warmup=5 if on_gpu else 1,
+        repeat=repeat,
+        ceilings=ceilings,
+        layout=args.layout,
+        page_size=args.page_size,
+        splits=splits,
+    )
     env = environment(device)
     kv_tag = "" if kv_dtype == dtype else f"-kv{DTYPE_SHORT_NAMES[kv_dtype]}"
-    stem = f"{OP}_{args.suite}_{args.dtype}{kv_tag}"
-    title = f"{OP}, suite {args.suite}, {args.dtype}{kv_tag}, {env['device']}"
-    out_dir = args.out_dir or Path("benchmarks") / "results" / args.suite
+    layout_tag = "" if args.layout == "dense" else f"-{args.layout}{args.page_size}"
+    stem = f"{OP}_{args.suite}_{args.dtype}{kv_tag}{layout_tag}"
+    title = f"{OP}, suite {args.suite}, {args.dtype}{kv_tag}{layout_tag}, {env['device']}"
 
     def save(rows: list[Row], plot: bool = False) -> list[str]:
         report = {
             "suite": args.suite,
             "title": title,
+            "layout": args.layout,
+            "page_size": args.page_size if args.layout != "dense" else None,
             "environment": env,
             "ceilings": dataclasses.asdict(ceilings),
             "tolerances": {DTYPE_SHORT_NAMES[d]: t for d, t in REL_L2_TOLERANCE.items()},

@@ -52,15 +52,20 @@ def make_mla_inputs(
     device: str | torch.device = "cpu",
     kv_lens: list[int] | None = None,
     generator: torch.Generator | None = None,
+    q_len: int = 1,
 ) -> MLAInputs:
-    """Fresh random inputs (never zeros); fp8 ``kv_dtype`` gives a quantised cache + kv_scale."""
+    """Fresh random inputs (never zeros); fp8 ``kv_dtype`` gives a quantised cache + kv_scale.
+
+    ``q_len`` > 1 gives queries [B, Q, H, *] (Q new tokens per row), else [B, H, *].
+    """
     g = generator
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g, dtype=torch.float32)
 
-    q = rand(batch, heads, head_dim).to(dtype)
-    qpe = rand(batch, heads, rope_dim).to(dtype)
+    rows = (batch, heads) if q_len == 1 else (batch, q_len, heads)
+    q = rand(*rows, head_dim).to(dtype)
+    qpe = rand(*rows, rope_dim).to(dtype)
     cache = rand(batch, seq_len, head_dim + rope_dim)
     kv_scale = None
     if kv_dtype is not None and kv_dtype in FP8_DTYPES:
@@ -189,9 +194,9 @@ def to_pages(
     pages[table[owner]] = padded.view(batch, row_pages, page_size, width)[owner]
     pages = pages.to(cache.dtype)
     used = cdiv_tensor(lens, page_size)
-    block_table = torch.where(
-        torch.arange(row_pages, device=device)[None, :] < used[:, None], table, 1 << 30
-    ).to(torch.int32)  # unused entries: out of range
+    block_table = torch.where(torch.arange(row_pages, device=device)[None, :] < used[:, None], table, 1 << 30).to(
+        torch.int32
+    )  # unused entries: out of range
     indptr = torch.cat((used.new_zeros(1), used.cumsum(0))).to(torch.int32)
     indices = table[torch.arange(row_pages, device=device)[None, :] < used[:, None]].to(torch.int32)
     return PagedInputs(x, pages, block_table, indptr, indices)

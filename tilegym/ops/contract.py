@@ -249,7 +249,9 @@ def _validate_scale(name: str, value: object) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value}")
     if value * LOG2_E >= FLOAT32_MAX:
-        raise ValueError(f"{name} = {value} overflows the float32 softmax (it must be below {FLOAT32_MAX / LOG2_E:.3g})")
+        raise ValueError(
+            f"{name} = {value} overflows the float32 softmax (it must be below {FLOAT32_MAX / LOG2_E:.3g})"
+        )
     return float(value)
 
 
@@ -392,9 +394,7 @@ def _validate_kv_lens(kv_lens: object, batch: int, device: torch.device) -> torc
 def _which_layout(block_table: object, kv_indptr: object, kv_indices: object) -> str:
     ragged = kv_indptr is not None or kv_indices is not None
     if block_table is not None and ragged:
-        raise ValueError(
-            "give one page layout: block_table= (paged) or kv_indptr= with kv_indices= (ragged), not both"
-        )
+        raise ValueError("give one page layout: block_table= (paged) or kv_indptr= with kv_indices= (ragged), not both")
     if ragged and (kv_indptr is None or kv_indices is None):
         missing = "kv_indices" if kv_indices is None else "kv_indptr"
         raise ValueError(f"the ragged page layout needs both kv_indptr= and kv_indices= ({missing} is missing)")
@@ -422,9 +422,7 @@ def _validate_pages(kv: torch.Tensor, kpe: torch.Tensor, head_dim: int, rope_dim
     if num_pages < 1:
         raise ValueError(f"kv must hold at least one page, got shape {tuple(kv.shape)}")
     if not 1 <= page_size <= MAX_PAGE_SIZE or page_size & (page_size - 1):
-        raise ValueError(
-            f"kv.shape[1] (page_size) must be a power of two from 1 to {MAX_PAGE_SIZE}, got {page_size}"
-        )
+        raise ValueError(f"kv.shape[1] (page_size) must be a power of two from 1 to {MAX_PAGE_SIZE}, got {page_size}")
     _expect_dim("kv", kv, 2, head_dim, "q.shape[-1] (D)")
     _expect_dim("kpe", kpe, 0, num_pages, "kv.shape[0] (num_pages)")
     _expect_dim("kpe", kpe, 1, page_size, "kv.shape[1] (page_size)")
@@ -454,7 +452,8 @@ def _check_ragged_values(
     lens = kv_lens.cpu().long()
     _check_lengths(lens, (indptr[1:] - indptr[:-1]) * page_size, "the row's pages x page_size")
     indices = kv_indices.cpu().long()
-    used = [indices[s : s + (n + page_size - 1) // page_size] for s, n in zip(indptr[:-1].tolist(), lens.tolist())]
+    starts = indptr[:-1].tolist()
+    used = [indices[s : s + (n + page_size - 1) // page_size] for s, n in zip(starts, lens.tolist(), strict=True)]
     _check_page_ids(torch.cat(used) if used else indices[:0], num_pages, "kv_indices")
 
 
@@ -560,14 +559,14 @@ def validate_mla_decoding(
     for name, t in zip(names, (q, qpe, kv, kpe), strict=True):
         _expect_unit_inner_stride(name, t)
     lens = _validate_kv_lens(kv_lens, batch, q.device)
-    layout = _validate_layout(
-        kv, kpe, q4, rope_dim, lens, block_table, kv_indptr, kv_indices, host_checks=host_checks
-    )
+    layout = _validate_layout(kv, kpe, q4, rope_dim, lens, block_table, kv_indptr, kv_indices, host_checks=host_checks)
     return_lse = _validate_bool("return_lse", return_lse)
     causal = _validate_bool("causal", causal)
     scale = 1.0 / math.sqrt(head_dim + rope_dim) if sm_scale is None else _validate_scale("sm_scale", sm_scale)
     split = None if kv_len_per_split is None else _validate_positive_int("kv_len_per_split", kv_len_per_split)
-    check_inference_only({"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, "out": out if isinstance(out, torch.Tensor) else None})
+    check_inference_only(
+        {"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, "out": out if isinstance(out, torch.Tensor) else None}
+    )
     user_shape = tuple(q.shape)
     if out is None:
         out4 = torch.empty((batch, q_len, heads, head_dim), dtype=q.dtype, device=q.device)

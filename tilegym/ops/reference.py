@@ -156,4 +156,3 @@ def plan_mla_decoding_split_kv(call: MLADecodeCall) -> TorchDecodeRunner:
 def splitk_reduce(call: SplitKReduceCall) -> None:
     merged, _ = merge_splits(call.partial_out, call.partial_lse)
     call.out.copy_(merged)
-

@@ -59,7 +59,22 @@ def mla_decoding_split_kv_op(
 
 
 @mla_decoding_split_kv_op.register_fake
-def _(q, qpe, kv, kpe, kv_lens, kv_scale, block_table, kv_indptr, kv_indices, sm_scale, kv_len_per_split, causal, return_lse, backend):
+def _(
+    q,
+    qpe,
+    kv,
+    kpe,
+    kv_lens,
+    kv_scale,
+    block_table,
+    kv_indptr,
+    kv_indices,
+    sm_scale,
+    kv_len_per_split,
+    causal,
+    return_lse,
+    backend,
+):
     lse_shape = q.shape[:3] if return_lse else NO_LSE_SHAPE
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 

@@ -278,7 +278,11 @@ def _mla_split_kernel(
     final_rows = b64 * query_rows + offs_r
     # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
     final_mask = offs_r < tl.where(has_work & whole, query_rows, 0)
-    tl.store(out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(out_ptr.dtype.element_ty), final_mask[:, None])
+    tl.store(
+        out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        final_mask[:, None],
+    )
     if WRITE_LSE:
         tl.store(lse_ptr + final_rows, lse, final_mask)
     part_rows = slot.to(tl.int64) * query_rows + offs_r
@@ -364,7 +368,9 @@ def _mla_combine_kernel(
     merged = tl.where(has, acc / tl.where(has, weight_sum, 1.0), acc)
     row = b.to(tl.int64) * query_rows + r
     write = merge | empty
-    tl.store(out_ptr + row * HEAD_DIM + offs_d, merged.to(out_ptr.dtype.element_ty), offs_d < tl.where(write, HEAD_DIM, 0))
+    tl.store(
+        out_ptr + row * HEAD_DIM + offs_d, merged.to(out_ptr.dtype.element_ty), offs_d < tl.where(write, HEAD_DIM, 0)
+    )
     if WRITE_LSE:
         if pid_d == 0:
             merged_lse = tl.where(has, shift + tl.log(tl.where(has, weight_sum, 1.0)), float("-inf"))
