@@ -19,11 +19,18 @@ import torch
 from aiter_emulation import emulated_aiter_backend, install_emulated_aiter
 
 from tilegym import backend as registry
-from tilegym.ops import mla_decoding_split_kv
+from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
 from tilegym.ops.aiter import support
 from tilegym.ops.aiter.mla_decoding_split_kv import quantize_per_tensor
 from tilegym.ops.contract import MLADecodeCall, validate_mla_decoding
-from tilegym.testing import REL_L2_TOLERANCE, make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.testing import (
+    REL_L2_TOLERANCE,
+    make_mla_inputs,
+    mla_decode_float64,
+    relative_error,
+    share_prefix,
+    to_pages,
+)
 
 OP = "mla_decoding_split_kv"
 BF16_TOLERANCE = REL_L2_TOLERANCE[torch.bfloat16]
@@ -213,14 +220,36 @@ def test_slice_of_a_longer_cache_is_passed_without_a_copy(gen):
     assert relative_error(out, oracle(sliced, kv_lens=sliced.kv_lens)[0]) < BF16_TOLERANCE
 
 
-def test_separately_stored_kv_and_kpe_are_concatenated(gen):
+def test_separately_stored_kv_and_kpe_are_refused_not_copied(gen):
+    """aiter reads 576-wide rows: separate kv/kpe would need a copy of the cache on every call."""
     inputs = make_mla_inputs(2, 16, 64, generator=gen)
     kv, kpe = inputs.kv.contiguous(), inputs.kpe.contiguous()
+    with (
+        emulated_aiter_backend() as aiter,
+        pytest.raises(registry.BackendUnavailableError, match="column views of one"),
+    ):
+        mla_decoding_split_kv(inputs.q, inputs.qpe, kv, kpe, backend="aiter")
+    assert aiter.decode_calls == []
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("layout", ["paged", "ragged"])
+def test_page_layouts_map_natively(layout, page_size, gen):
+    """Block tables and ragged page lists become aiter's page table over the page pool: no copy."""
+    inputs = make_mla_inputs(4, 16, 160, kv_lens=[0, 1, page_size + 1, 160], generator=gen)
+    share_prefix(inputs, page_size)
+    pages = to_pages(inputs, page_size, generator=gen, shared_prefix_pages=1)
     with emulated_aiter_backend() as aiter:
-        out = mla_decoding_split_kv(inputs.q, inputs.qpe, kv, kpe, backend="aiter")
+        out, lse = mla_decoding_split_kv(
+            inputs.q, inputs.qpe, pages.kv, pages.kpe, return_lse=True, backend="aiter", **pages.layout_kwargs(layout)
+        )
     (record,) = aiter.decode_calls
-    assert record.kv_buffer_storage_ptr not in (kv.untyped_storage().data_ptr(), kpe.untyped_storage().data_ptr())
-    assert relative_error(out, oracle(inputs)[0]) < BF16_TOLERANCE
+    assert record.kv_buffer_data_ptr == pages.pages.data_ptr()
+    assert record.kv_buffer_shape == (pages.pages.shape[0], page_size, 1, 576)
+    expected, expected_lse = oracle(inputs, kv_lens=inputs.kv_lens)
+    assert relative_error(out, expected) < BF16_TOLERANCE
+    assert torch.all(out[0] == 0) and torch.isneginf(lse[0]).all()
+    assert (lse[1:].double() - expected_lse[1:]).abs().max() < 1e-3
 
 
 def test_out_is_written_in_place(gen):
@@ -259,28 +288,19 @@ def test_quantize_per_tensor_round_trips():
     assert relative_error(t8.float() * scale, t) < 4e-2
 
 
-def test_metadata_is_cached_and_follows_kv_lens(gen):
+def test_plan_builds_metadata_once_and_refresh_follows_kv_lens(gen):
     inputs = make_mla_inputs(2, 16, 128, kv_lens=[128, 50], generator=gen)
     lens = inputs.kv_lens
     with emulated_aiter_backend() as aiter:
-        run_aiter(inputs, kv_lens=lens)
-        run_aiter(inputs, kv_lens=lens)
-        assert (aiter.info_calls, aiter.metadata_builds) == (1, 1)  # second call: a hit
-
-        lens[0] = 20  # in place: bumps lens._version
-        out = run_aiter(inputs, kv_lens=lens)
-        assert (aiter.info_calls, aiter.metadata_builds) == (1, 2)  # same buffers, rebuilt contents
-        assert relative_error(out, oracle(inputs, kv_lens=lens)[0]) < BF16_TOLERANCE
-
-        run_aiter(inputs, kv_lens=lens.clone())  # equal values, new tensor: a (safe) miss
-        assert aiter.metadata_builds == 3
-        run_aiter(inputs)
-        run_aiter(inputs)
-        assert aiter.metadata_builds == 4  # no kv_lens: full rows, built once
-
-        smaller = make_mla_inputs(1, 16, 128, generator=gen)
-        run_aiter(smaller)
-        assert (aiter.info_calls, aiter.metadata_builds) == (2, 5)  # new shape: new buffers
+        plan = plan_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=lens, backend="aiter")
+        for _ in range(3):
+            mla_decoding_split_kv(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, plan=plan)
+        assert (aiter.info_calls, aiter.metadata_builds, len(aiter.decode_calls)) == (1, 1, 3)
+        lens[0] = 20
+        plan.refresh()  # same buffers, contents rebuilt from the new lengths
+        out = mla_decoding_split_kv(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, plan=plan)
+        assert (aiter.info_calls, aiter.metadata_builds) == (1, 2)
+    assert relative_error(out, oracle(inputs, kv_lens=lens)[0]) < BF16_TOLERANCE
 
 
 @pytest.mark.parametrize(

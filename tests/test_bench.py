@@ -30,6 +30,7 @@ def test_tiny_suite_writes_sane_results(tmp_path: Path) -> None:
     rows = report["rows"]
     assert rc == 0, rows
     assert {r["backend"] for r in rows} == set(bench.default_backends(torch.device("cpu")))
+    assert {r["q_len"] for r in rows} == {1, 2} and {r["lengths"] for r in rows} == {"full", "uniform"}
     assert report["ceilings"]["copy_gbps"] > 0 and report["ceilings"]["matmul_tflops"] > 0
     for r in rows:
         assert r["status"] == "ok", r
@@ -37,12 +38,16 @@ def test_tiny_suite_writes_sane_results(tmp_path: Path) -> None:
         assert r["time_us"] > 0 and r["gbps"] > 0 and r["tflops"] > 0 and 0 < r["pct_roofline"], r
         assert r["mode"] == "wall-clock" and r["input_sets"] == 1, r
         assert 0 < r["x_vs_best"] <= 1 and r["x_vs_torch"] > 0, r
+        assert r["host_us"] > 0 and r["host_unplanned_us"] > 0 and r["plan_us"] > 0, r
+        assert r["auto_backend"] == "torch", r  # the CPU's vendor list
     assert max(r["x_vs_best"] for r in rows) == 1
     stem = tmp_path / f"{OP}_tiny_fp16"
     with stem.with_suffix(".csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     markdown = stem.with_suffix(".md").read_text()
-    assert "ceilings measured in this run" in markdown and "| torch | 2 | 128 | 16 | ok |" in markdown
+    assert (
+        "ceilings measured in this run" in markdown and "| torch | 2 | 128 | 16 | 1 | full | dense | ok |" in markdown
+    )
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -50,17 +55,27 @@ def test_tiny_suite_writes_sane_results(tmp_path: Path) -> None:
     assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def scaled_output(call):
+class ScaledRunner(reference.TorchDecodeRunner):
     """A plausible bug: right shape, finite, 10% too large."""
-    lse = reference.mla_decoding_split_kv(call)
-    call.out.mul_(1.1)
-    return lse
+
+    def run(self, q, qpe, kv, kpe, kv_scale, out, lse):
+        super().run(q, qpe, kv, kpe, kv_scale, out, lse)
+        out.mul_(1.1)
+
+
+class HalfWrittenRunner(reference.TorchDecodeRunner):
+    """A plausible bug: only the first batch row written."""
+
+    def run(self, q, qpe, kv, kpe, kv_scale, out, lse):
+        out[:1].normal_()
+
+
+def scaled_output(call):
+    return ScaledRunner(call)
 
 
 def half_written_output(call):
-    """A plausible bug: only the first batch row written."""
-    call.out[:1].normal_()
-    return None
+    return HalfWrittenRunner(call)
 
 
 @pytest.mark.parametrize("wrong", [scaled_output, half_written_output], ids=["scaled", "half-written"])
@@ -68,11 +83,11 @@ def test_wrong_backend_result_is_flagged(tmp_path: Path, monkeypatch: pytest.Mon
     impl = registry.implementations(OP)["torch"]
     monkeypatch.setitem(registry._registry, (OP, "torch"), dataclasses.replace(impl, run=wrong))
     rc, report = run_bench(tmp_path, "--backends", "torch", "--no-plot")
-    (row,) = report["rows"]
     assert rc == 1
-    assert row["status"] == "FAILED" and row["note"], row
-    assert row["time_us"] is None and row["gbps"] is None and row["x_vs_best"] is None
-    assert "| torch | 2 | 128 | 16 | FAILED |" in (tmp_path / f"{OP}_tiny_fp16.md").read_text()
+    for row in report["rows"]:
+        assert row["status"] == "FAILED" and row["note"], row
+        assert row["time_us"] is None and row["gbps"] is None and row["x_vs_best"] is None
+    assert "| torch | 2 | 128 | 16 | 1 | full | dense | FAILED |" in (tmp_path / f"{OP}_tiny_fp16.md").read_text()
     assert not (tmp_path / f"{OP}_tiny_fp16.png").exists()
 
 
@@ -83,13 +98,40 @@ def test_unknown_backend_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 def test_formulas_follow_performance_doc() -> None:
     shape = bench.Shape(batch=64, seq_len=4096, heads=16)
-    assert bench.flop_count(shape) == 2176 * 64 * 16 * 4096
-    assert bench.traffic_bytes(shape, kv_elsize=2) == 64 * 4096 * 576 * 2 + 64 * 16 * 576 * 2 + 64 * 16 * 512 * 2
-    assert bench.traffic_bytes(shape, kv_elsize=1) == bench.traffic_bytes(shape, kv_elsize=2) - 64 * 4096 * 576
+    tokens = 64 * 4096
+    assert bench.kv_bytes_per_token(torch.bfloat16) == 1152 and bench.kv_bytes_per_token(torch.float8_e4m3fn) == 576
+    assert bench.flop_count(shape, tokens) == 2176 * 64 * 16 * 4096
+    bf16 = bench.traffic_bytes(shape, tokens, 1152)
+    assert bf16 == 64 * 4096 * 576 * 2 + 64 * 16 * 576 * 2 + 64 * 16 * 512 * 2
+    assert bench.traffic_bytes(shape, tokens, 576) == bf16 - 64 * 4096 * 576
     ceilings = bench.Ceilings(copy_gbps=4000.0, matmul_tflops=800.0, copy_bytes=1, matmul_n=1, matmul_dtype="bf16")
-    memory_bound = bench.traffic_bytes(shape, 2) / 4000e3
-    assert ceilings.floor_us(bench.traffic_bytes(shape, 2), bench.flop_count(shape)) == pytest.approx(memory_bound)
+    assert ceilings.floor_us(bf16, bench.flop_count(shape, tokens)) == pytest.approx(bf16 / 4000e3)
     big_h = bench.Shape(64, 4096, 128)
-    assert ceilings.floor_us(bench.traffic_bytes(big_h, 2), bench.flop_count(big_h)) == pytest.approx(
-        bench.flop_count(big_h) / 800e6
-    )
+    flops = bench.flop_count(big_h, tokens)
+    assert ceilings.floor_us(bench.traffic_bytes(big_h, tokens, 1152), flops) == pytest.approx(flops / 800e6)
+    mtp = bench.Shape(64, 4096, 16, q_len=4)
+    assert bench.flop_count(mtp, tokens) == 4 * bench.flop_count(shape, tokens)
+
+
+def test_mixed_lengths_are_seeded_and_in_range() -> None:
+    for kind in ("uniform", "long-tail"):
+        shape = bench.Shape(64, 8192, 16, lengths=kind)
+        lengths = bench.row_lengths(shape)
+        assert lengths == bench.row_lengths(shape) and len(lengths) == 64
+        assert 1 <= min(lengths) and max(lengths) <= 8192 and len(set(lengths)) > 8
+    tail = bench.row_lengths(bench.Shape(64, 8192, 16, lengths="long-tail"))
+    assert sum(n == 8192 for n in tail) == 8 and sorted(tail)[55] <= 8192 // 16
+
+
+def test_default_out_dir_is_outside_the_source_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TILEGYM_RESULTS_DIR", raising=False)
+    assert bench.default_out_dir("deepseek") == Path("tilegym-results") / "deepseek"
+    monkeypatch.setenv("TILEGYM_RESULTS_DIR", "/tmp/somewhere")
+    assert bench.default_out_dir("mixed") == Path("/tmp/somewhere/mixed")
+
+
+def test_bad_sweep_and_page_size_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--suite", "tiny", "--sweep", "block_n=3"]) == 2
+    assert bench.main(["--suite", "tiny", "--layout", "paged", "--page-size", "48"]) == 2
+    err = capsys.readouterr().err
+    assert "--sweep: expected kv_len_per_split=N" in err and "--page-size must be a power of two" in err

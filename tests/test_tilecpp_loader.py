@@ -20,7 +20,7 @@ from tilegym.backend import BackendUnavailableError, implementations
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.tilecpp import loader
 from tilegym.ops.tilecpp import mla_decoding_split_kv as tilecpp_mla
-from tilegym.testing import make_mla_inputs
+from tilegym.testing import make_mla_inputs, to_pages
 
 
 @pytest.fixture
@@ -244,18 +244,26 @@ def test_supports_reasons_for_unsupported_inputs() -> None:
     assert any("16-byte boundaries" in r for r in tilecpp_mla.supports(call))
 
 
-def test_split_plan_fills_one_wave_and_honours_the_user_value() -> None:
-    def plan(batch: int, heads: int, seq_len: int, split: int | None = None):
-        x = make_mla_inputs(batch, heads, 1)
-        cache = torch.empty(batch, seq_len, 576, dtype=torch.bfloat16)
-        call = validate_mla_decoding(x.q, x.qpe, cache[..., :512], cache[..., 512:], kv_len_per_split=split)
-        return tilecpp_mla.split_plan(call, tilecpp_mla.choose_config(heads))
+def test_layout_kind_picks_one_page_id_per_step_when_pages_hold_a_step() -> None:
+    x = make_mla_inputs(2, 16, 128, kv_lens=[128, 3])
+    call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe)
+    assert tilecpp_mla.layout_kind(call, tilecpp_mla.SMALL_HEADS) == tilecpp_mla.DENSE_ROWS
+    for page_size, kind in (
+        (64, tilecpp_mla.PAGE_PER_STEP),
+        (128, tilecpp_mla.PAGE_PER_STEP),
+        (16, tilecpp_mla.GATHERED_PAGES),
+    ):
+        pages = to_pages(x, page_size)
+        call = validate_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("paged"))
+        assert tilecpp_mla.layout_kind(call, tilecpp_mla.SMALL_HEADS) == kind
+    pages = to_pages(x, 64)
+    call = validate_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("ragged"))
+    assert tilecpp_mla.layout_kind(call, tilecpp_mla.MANY_HEADS) == tilecpp_mla.GATHERED_PAGES  # 64 < 128 tokens
 
-    assert (plan(64, 16, 4096).num_splits, plan(64, 16, 4096).kv_len_per_split) == (2, 2048)
-    assert plan(128, 16, 8192).num_splits == 1  # 128 programs already fill the 132 SMs
-    assert plan(64, 128, 4096).num_splits == 1
-    assert plan(4, 16, 1024).num_splits * 4 <= 132
-    assert (plan(2, 16, 1000, split=100).num_splits, plan(2, 16, 1000, split=100).kv_len_per_split) == (10, 100)
+
+def test_every_layout_and_config_has_a_kernel_variant() -> None:
+    names = {k.instance_name for k in tilecpp_mla.all_kernels()}
+    assert len(names) == len(tilecpp_mla.DTYPES) * (len(tilecpp_mla.CONFIGS) * len(tilecpp_mla.LAYOUT_KINDS) + 1)
 
 
 def test_combine_grid_limit_depends_on_the_tile_the_split_count_picks() -> None:
