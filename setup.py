@@ -5,7 +5,7 @@ setup(
     version="0.1.0",
     description="GPU operators (MLA split-KV decoding first) with Triton, CUDA Tile C++, aiter and PyTorch backends",
     packages=find_packages(include=["tilegym", "tilegym.*"]),
-    package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh"]},
+    package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh", "selection_tables/*.json"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
     extras_require={

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -11,22 +12,20 @@ import torch
 
 import tilegym
 from tilegym import backend as registry
+from tilegym.selection import TableStore
 from tilegym.testing import make_mla_inputs
 
 OP = "mla_decoding_split_kv"
 
 
 @pytest.fixture
-def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> dict:
-    """An empty registry (already 'loaded'), restored after the test."""
-    monkeypatch.setattr(registry, "_registry", {})
-    monkeypatch.setattr(registry, "_probes", {})
-    monkeypatch.setattr(registry, "_loaded", True)
-    monkeypatch.setattr(registry, "_global_backend", None)
+def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
+    """A fresh registry declaring the built-in backends (no modules, no entry points, no tables)."""
     monkeypatch.delenv(registry.ENV_VAR, raising=False)
-    registry.backend_unavailable_reasons.cache_clear()
-    yield registry._registry
-    registry.backend_unavailable_reasons.cache_clear()
+    registry.set_backend(None)
+    specs = [dataclasses.replace(spec, module=None) for spec in registry.BUILTIN_BACKENDS]
+    yield registry.Registry(specs, entry_point_group=None, tables=TableStore.from_tables())
+    registry.set_backend(None)
 
 
 class FakeCall:
@@ -38,61 +37,59 @@ class FakeCall:
         self.heads = heads
 
 
-def register_fake(backend: str, vendors=("nvidia", "amd", "cpu"), reasons=None, op: str = OP) -> None:
-    registry.register_impl(op, backend, vendors=vendors, supports=lambda call: list(reasons or []))(
-        lambda call: backend
-    )
+def register_fake(reg, backend: str, vendors=("nvidia", "amd", "cpu"), reasons=None, op: str = OP) -> None:
+    reg.register_impl(op, backend, vendors=vendors, supports=lambda call: list(reasons or []))(lambda call: backend)
 
 
 def test_duplicate_registration_is_an_error(scratch_registry):
-    register_fake("torch")
+    register_fake(scratch_registry, "torch")
     with pytest.raises(ValueError, match="already registered"):
-        register_fake("torch")
+        register_fake(scratch_registry, "torch")
 
 
 def test_register_rejects_unknown_backend_and_vendor(scratch_registry):
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
-        register_fake("cuda")
+        register_fake(scratch_registry, "cuda")
     with pytest.raises(ValueError, match="vendors"):
-        register_fake("torch", vendors=("intel",))
+        register_fake(scratch_registry, "torch", vendors=("intel",))
 
 
 @pytest.mark.parametrize("vendor, expected", [("nvidia", "tilecpp"), ("amd", "aiter"), ("cpu", "torch")])
 def test_auto_picks_first_of_vendor_priority(scratch_registry, vendor, expected):
     for name in ("torch", "triton", "tilecpp", "aiter"):
-        register_fake(name)
-    assert registry.select(OP, FakeCall(vendor)).backend == expected
+        register_fake(scratch_registry, name)
+    assert scratch_registry.select(OP, FakeCall(vendor)).backend == expected
 
 
 def test_auto_skips_backends_that_cannot_run(scratch_registry):
-    register_fake("tilecpp", reasons=["no cubin"])
-    register_fake("triton")
-    register_fake("torch")
-    assert registry.select(OP, FakeCall("nvidia")).backend == "triton"
+    register_fake(scratch_registry, "tilecpp", reasons=["no cubin"])
+    register_fake(scratch_registry, "triton")
+    register_fake(scratch_registry, "torch")
+    assert scratch_registry.select(OP, FakeCall("nvidia")).backend == "triton"
 
 
 def test_auto_error_lists_every_backend_with_reasons(scratch_registry):
-    register_fake("tilecpp", reasons=["no cubin for sm_90"])
-    register_fake("triton", reasons=["triton not installed"])
-    register_fake("torch", vendors=("cpu",))
+    register_fake(scratch_registry, "tilecpp", reasons=["no cubin for sm_90"])
+    register_fake(scratch_registry, "triton", reasons=["triton not installed"])
+    register_fake(scratch_registry, "torch", vendors=("cpu",))
     with pytest.raises(tilegym.BackendUnavailableError) as info:
-        registry.select(OP, FakeCall("nvidia"))
+        scratch_registry.select(OP, FakeCall("nvidia"))
     message = str(info.value)
     for text in ("tilecpp: no cubin for sm_90", "triton: triton not installed", "torch: runs on cpu", "aiter:"):
         assert text in message
 
 
 def test_explicit_backend_never_falls_back(scratch_registry):
-    register_fake("triton", reasons=["head dim 100 is not supported"])
-    register_fake("torch")
+    register_fake(scratch_registry, "triton", reasons=["head dim 100 is not supported"])
+    register_fake(scratch_registry, "torch")
     with pytest.raises(tilegym.BackendUnavailableError, match="'triton' .*head dim 100 is not supported"):
-        registry.select(OP, FakeCall("nvidia"), "triton")
+        scratch_registry.select(OP, FakeCall("nvidia"), "triton")
 
 
 def test_explicit_backend_without_implementation(scratch_registry):
-    register_fake("torch")
+    register_fake(scratch_registry, "torch")
     with pytest.raises(tilegym.BackendUnavailableError, match="no implementation of this op; implemented by: torch"):
-        registry.select(OP, FakeCall(), "aiter")
+        scratch_registry.select(OP, FakeCall(), "aiter")
 
 
 def test_probe_reasons_block_a_backend_and_are_cached(scratch_registry):
@@ -102,12 +99,12 @@ def test_probe_reasons_block_a_backend_and_are_cached(scratch_registry):
         calls.append(1)
         return ["aiter needs ROCm"]
 
-    registry.register_probe("aiter", probe)
-    register_fake("aiter")
-    register_fake("torch")
+    scratch_registry.register_probe("aiter", probe)
+    register_fake(scratch_registry, "aiter")
+    register_fake(scratch_registry, "torch")
     with pytest.raises(tilegym.BackendUnavailableError, match="aiter needs ROCm"):
-        registry.select(OP, FakeCall("amd"), "aiter")
-    assert registry.select(OP, FakeCall("amd")).backend == "torch"
+        scratch_registry.select(OP, FakeCall("amd"), "aiter")
+    assert scratch_registry.select(OP, FakeCall("amd")).backend == "torch"
     assert len(calls) == 1
 
 
@@ -115,16 +112,18 @@ def test_probe_that_raises_becomes_a_reason(scratch_registry):
     def probe():
         raise RuntimeError("ROCm version file not found")
 
-    registry.register_probe("aiter", probe)
-    register_fake("aiter")
-    assert registry.backend_status(OP, "amd")["aiter"] == ["probe failed: RuntimeError: ROCm version file not found"]
+    scratch_registry.register_probe("aiter", probe)
+    register_fake(scratch_registry, "aiter")
+    assert scratch_registry.backend_status(OP, "amd")["aiter"] == [
+        "probe failed: RuntimeError: ROCm version file not found"
+    ]
 
 
 @pytest.mark.parametrize("name", ["cuda", "Torch", "", None, 3])
 def test_unknown_names_list_the_valid_ones(scratch_registry, name):
-    register_fake("torch")
-    with pytest.raises(ValueError, match="valid names are torch, triton, tilecpp, aiter, auto"):
-        registry.select(OP, FakeCall(), name if name is not None else 5)
+    register_fake(scratch_registry, "torch")
+    with pytest.raises(ValueError, match="valid names are torch, triton, tilecpp, aiter, cutlass, auto"):
+        scratch_registry.select(OP, FakeCall(), name if name is not None else 5)
     if isinstance(name, str):
         with pytest.raises(ValueError, match="valid names"):
             tilegym.set_backend(name)
@@ -135,38 +134,38 @@ def test_unknown_names_list_the_valid_ones(scratch_registry, name):
 
 def test_precedence_kwarg_context_global_env(scratch_registry, monkeypatch):
     for name in ("torch", "triton", "tilecpp", "aiter"):
-        register_fake(name)
+        register_fake(scratch_registry, name)
     call = FakeCall("nvidia")
-    assert registry.select(OP, call).backend == "tilecpp"
+    assert scratch_registry.select(OP, call).backend == "tilecpp"
     monkeypatch.setenv(registry.ENV_VAR, "aiter")
-    assert registry.select(OP, call).backend == "aiter"
+    assert scratch_registry.select(OP, call).backend == "aiter"
     tilegym.set_backend("triton")
-    assert registry.select(OP, call).backend == "triton"
+    assert scratch_registry.select(OP, call).backend == "triton"
     with tilegym.use_backend("torch"):
-        assert registry.select(OP, call).backend == "torch"
-        assert registry.select(OP, call, "tilecpp").backend == "tilecpp"
-    assert registry.select(OP, call).backend == "triton"
+        assert scratch_registry.select(OP, call).backend == "torch"
+        assert scratch_registry.select(OP, call, "tilecpp").backend == "tilecpp"
+    assert scratch_registry.select(OP, call).backend == "triton"
     tilegym.set_backend(None)
-    assert registry.select(OP, call).backend == "aiter"
+    assert scratch_registry.select(OP, call).backend == "aiter"
 
 
 def test_env_var_with_unknown_name_is_named_in_error(scratch_registry, monkeypatch):
-    register_fake("torch")
+    register_fake(scratch_registry, "torch")
     monkeypatch.setenv(registry.ENV_VAR, "cudnn")
     with pytest.raises(ValueError, match="TILEGYM_BACKEND: unknown backend 'cudnn'"):
-        registry.select(OP, FakeCall())
+        scratch_registry.select(OP, FakeCall())
 
 
 def test_use_backend_nesting_and_restoration(scratch_registry):
     for name in ("torch", "triton", "tilecpp"):
-        register_fake(name)
+        register_fake(scratch_registry, name)
     call = FakeCall("nvidia")
     with tilegym.use_backend("triton"):
         with tilegym.use_backend("torch"):
-            assert registry.select(OP, call).backend == "torch"
+            assert scratch_registry.select(OP, call).backend == "torch"
             with tilegym.use_backend("auto"):
-                assert registry.select(OP, call).backend == "tilecpp"
-        assert registry.select(OP, call).backend == "triton"
+                assert scratch_registry.select(OP, call).backend == "tilecpp"
+        assert scratch_registry.select(OP, call).backend == "triton"
     assert registry.requested_backend() == ("auto", "default")
 
 
