@@ -232,6 +232,7 @@ subprocess.Popen.__init__ = forbid
 os.environ['XDG_CACHE_HOME'] = {str(tmp_path / "xdg")!r}
 os.environ['TILEGYM_CACHE_DIR'] = {str(tmp_path / "cache")!r}
 import tilegym
+assert 'tilegym.ops.reference' not in sys.modules, 'registry loaded at import'
 assert not os.path.exists({str(tmp_path / "xdg")!r}) and not os.path.exists({str(tmp_path / "cache")!r})
 print('ok')
 """
@@ -245,3 +246,76 @@ def test_info_command_reports_every_backend():
     assert info.returncode == 0, info.stderr
     assert "mla_decoding_split_kv:" in info.stdout and "torch    available" in info.stdout
     assert "aiter    unavailable" in info.stdout
+
+
+def test_priorities_are_declared_data_with_arch_overrides():
+    reg = registry.Registry(
+        [
+            registry.BackendSpec("slow", priority={"nvidia": 1}),
+            registry.BackendSpec("fast", priority={"nvidia": 2, "sm_90": 0}),
+        ],
+        entry_point_group=None,
+    )
+    assert reg.vendor_priority("nvidia") == ("fast", "slow")
+    assert reg.vendor_priority("nvidia", "sm_90") == ("slow", "fast")
+    assert reg.vendor_priority("amd") == ()
+    reg.register_backend("late", priority={"nvidia": 3})
+    assert reg.vendor_priority("nvidia") == ("late", "fast", "slow")
+
+
+@pytest.mark.parametrize(
+    "name, priority, match",
+    [
+        ("torch", {}, "already declared"),
+        ("auto", {}, "identifier"),
+        ("x-y", {}, "identifier"),
+        ("x", {"intel": 1}, "priority"),
+    ],
+)
+def test_register_backend_validates(scratch_registry, name, priority, match):
+    with pytest.raises(ValueError, match=match):
+        scratch_registry.register_backend(name, priority=priority)
+
+
+def test_backend_modules_that_fail_or_are_absent_are_reported(tmp_path):
+    reg = registry.Registry(
+        [
+            registry.BackendSpec("missing", module="tilegym_no_such_module"),
+            registry.BackendSpec("later", module="tilegym_no_such_module_either", optional=True),
+        ],
+        entry_point_group=None,
+    )
+    status = reg.backend_status(OP, "cpu")
+    assert status["missing"][0].startswith("module tilegym_no_such_module failed to load: ModuleNotFoundError")
+    assert status["later"] == ["not part of this installation (no module tilegym_no_such_module_either)"]
+    assert registry.backend_status(OP, "cpu")["cutlass"] == [
+        "not part of this installation (no module tilegym.ops.cutlass)"
+    ]
+
+
+def test_override_replaces_and_restores(scratch_registry):
+    register_fake(scratch_registry, "torch", vendors=("nvidia",))
+    before = scratch_registry.implementations(OP)["torch"]
+    with scratch_registry.override(OP, "torch", vendors=("cpu",)) as impl:
+        assert scratch_registry.select(OP, FakeCall("cpu")) is impl
+    assert scratch_registry.implementations(OP)["torch"] is before
+    with pytest.raises(KeyError), scratch_registry.override(OP, "triton", run=lambda call: "t", vendors=("cpu",)):
+        assert scratch_registry.select(OP, FakeCall("cpu"), "triton").run(None) == "t"
+        raise KeyError("boom")
+    assert "triton" not in scratch_registry.implementations(OP)
+
+
+def test_clear_probe_cache_reruns_probes(scratch_registry):
+    answers = [["not yet"], []]
+    scratch_registry.register_probe("triton", lambda: answers.pop(0))
+    assert scratch_registry.unavailable_reasons("triton") == ["not yet"]
+    assert scratch_registry.unavailable_reasons("triton") == ["not yet"]
+    scratch_registry.clear_probe_cache()
+    assert scratch_registry.unavailable_reasons("triton") == []
+
+
+def test_backends_attribute_is_the_declared_names():
+    from tilegym.backend import BACKENDS
+
+    assert BACKENDS == tilegym.BACKENDS == tuple(registry.backend_names())
+    assert BACKENDS[:5] == ("torch", "triton", "tilecpp", "aiter", "cutlass")

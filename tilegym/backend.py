@@ -15,7 +15,15 @@ never falls back silently; in ``auto`` the error lists every backend with its re
 
 Registration modules and entry points load lazily, on the first query of a registry (never
 at ``import tilegym``), each at most once; one that fails to load makes its backend
-unavailable with the error as the reason, and breaks nothing else.
+unavailable with the error as the reason, and breaks nothing else. A package declares a
+backend with an entry point named after it::
+
+    [project.entry-points."tilegym.backends"]
+    mybackend = "mypkg.tilegym_backend:register"
+
+where ``register(registry)`` calls ``registry.register_backend("mybackend", priority={"nvidia": 25})``
+and ``registry.register_impl(...)``. An entry point may name a module instead: importing it
+runs its module-level ``register_backend``/``register_impl`` calls against the loading registry.
 """
 
 from __future__ import annotations
@@ -143,11 +151,13 @@ class Registry:
         self._impls: dict[tuple[str, str], Implementation] = {}
         self._probes: dict[str, ProbeFn] = {}
         self._probe_cache: dict[str, list[str]] = {}
+        self._priority_cache: dict[tuple[str, str | None], tuple[str, ...]] = {}
         self._problems: dict[str, list[str]] = {}
         self._modules_loaded: set[str] = set()
         self._entry_points_scanned = False
         self._loaded = False
         self._loading_now = False
+        self._modules_pending = False
         for spec in backends:
             self._declare(spec)
 
@@ -176,8 +186,10 @@ class Registry:
             if spec.name in self._specs:
                 raise ValueError(f"backend {spec.name!r} is already declared")
             self._specs[spec.name] = spec
+            self._priority_cache.clear()
             if spec.module is not None:
                 self._loaded = False
+                self._modules_pending = True
         return spec
 
     def register_impl(
@@ -239,14 +251,19 @@ class Registry:
             self._loading_now = True
             token = _loading.set(self)
             try:
-                while not self._loaded:
-                    self._loaded = True
-                    for spec in list(self._specs.values()):
-                        self._load_module(spec)
-                    self._load_entry_points()
+                self._load_pending_modules()
+                self._load_entry_points()
+                self._load_pending_modules()
+                self._loaded = True
             finally:
                 _loading.reset(token)
                 self._loading_now = False
+
+    def _load_pending_modules(self) -> None:
+        while self._modules_pending:
+            self._modules_pending = False
+            for spec in list(self._specs.values()):
+                self._load_module(spec)
 
     def _load_module(self, spec: BackendSpec) -> None:
         if spec.module is None or spec.name in self._modules_loaded:
@@ -345,10 +362,12 @@ class Registry:
         """Backends ``auto`` falls back to on ``vendor`` (``arch``) devices, by declared rank."""
         self._ensure_loaded()
         with self._lock:
-            ranked = [
-                (-r, i, s.name) for i, s in enumerate(self._specs.values()) if (r := s.rank(vendor, arch)) is not None
-            ]
-        return tuple(name for *_, name in sorted(ranked))
+            cached = self._priority_cache.get((vendor, arch))
+            if cached is None:
+                specs = enumerate(self._specs.values())
+                ranked = sorted((-r, i, s.name) for i, s in specs if (r := s.rank(vendor, arch)) is not None)
+                cached = self._priority_cache[(vendor, arch)] = tuple(name for *_, name in ranked)
+            return cached
 
     def backend_status(self, op: str, vendor: str) -> dict[str, list[str]]:
         """Backend -> reasons it cannot run ``op`` on ``vendor`` devices here (empty: available)."""
@@ -429,10 +448,9 @@ class Registry:
         key = (op, backend)
         with self._lock:
             before = self.implementations(op).get(backend)
-            if before is None:
-                base = Implementation(op, backend, changes.pop("run"), (), _no_reasons, _no_reasons, self)
-            else:
-                base = before
+            if before is None and not {"run", "vendors"} <= changes.keys():
+                raise ValueError(f"{backend!r} has no implementation of {op!r} to override: pass run= and vendors=")
+            base = before or Implementation(op, backend, changes["run"], (), _no_reasons, _no_reasons, self)
             if "vendors" in changes:
                 changes["vendors"] = tuple(changes["vendors"])
             replaced = dataclasses.replace(base, **changes)

@@ -583,7 +583,7 @@ def _shape_query(
     query = ShapeQuery(vendor_of_arch(arch), device, {**features, "kv_dtype": kv_dtype})
     if arch == local:
         return query, arch, CHECK_ENVIRONMENT, "environment only (probes, vendors); pass a call to check inputs"
-    note = f"nothing: this machine's {device} is {local}, not {arch} (each backend's input limits still apply)"
+    note = f"nothing: explaining {arch} from a {local} device; each backend's input limits still apply"
     return query, arch, CHECK_NOTHING, note
 
 
