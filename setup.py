@@ -24,7 +24,7 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     packages=find_packages(include=["tilegym", "tilegym.*"]),
-    package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh"]},
+    package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh", "selection_tables/*.json"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
     extras_require={

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -11,22 +12,20 @@ import torch
 
 import tilegym
 from tilegym import backend as registry
+from tilegym.selection import TableStore
 from tilegym.testing import make_mla_inputs
 
 OP = "mla_decoding_split_kv"
 
 
 @pytest.fixture
-def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> dict:
-    """An empty registry (already 'loaded'), restored after the test."""
-    monkeypatch.setattr(registry, "_registry", {})
-    monkeypatch.setattr(registry, "_probes", {})
-    monkeypatch.setattr(registry, "_loaded", True)
-    monkeypatch.setattr(registry, "_global_backend", None)
+def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
+    """A fresh registry declaring the built-in backends (no modules, no entry points, no tables)."""
     monkeypatch.delenv(registry.ENV_VAR, raising=False)
-    registry.backend_unavailable_reasons.cache_clear()
-    yield registry._registry
-    registry.backend_unavailable_reasons.cache_clear()
+    registry.set_backend(None)
+    specs = [dataclasses.replace(spec, module=None) for spec in registry.BUILTIN_BACKENDS]
+    yield registry.Registry(specs, entry_point_group=None, tables=TableStore.from_tables())
+    registry.set_backend(None)
 
 
 class FakeCall:
@@ -38,61 +37,59 @@ class FakeCall:
         self.heads = heads
 
 
-def register_fake(backend: str, vendors=("nvidia", "amd", "cpu"), reasons=None, op: str = OP) -> None:
-    registry.register_impl(op, backend, vendors=vendors, supports=lambda call: list(reasons or []))(
-        lambda call: backend
-    )
+def register_fake(reg, backend: str, vendors=("nvidia", "amd", "cpu"), reasons=None, op: str = OP) -> None:
+    reg.register_impl(op, backend, vendors=vendors, supports=lambda call: list(reasons or []))(lambda call: backend)
 
 
 def test_duplicate_registration_is_an_error(scratch_registry):
-    register_fake("torch")
+    register_fake(scratch_registry, "torch")
     with pytest.raises(ValueError, match="already registered"):
-        register_fake("torch")
+        register_fake(scratch_registry, "torch")
 
 
 def test_register_rejects_unknown_backend_and_vendor(scratch_registry):
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
-        register_fake("cuda")
+        register_fake(scratch_registry, "cuda")
     with pytest.raises(ValueError, match="vendors"):
-        register_fake("torch", vendors=("intel",))
+        register_fake(scratch_registry, "torch", vendors=("intel",))
 
 
 @pytest.mark.parametrize("vendor, expected", [("nvidia", "tilecpp"), ("amd", "aiter"), ("cpu", "torch")])
 def test_auto_picks_first_of_vendor_priority(scratch_registry, vendor, expected):
     for name in ("torch", "triton", "tilecpp", "aiter"):
-        register_fake(name)
-    assert registry.select(OP, FakeCall(vendor)).backend == expected
+        register_fake(scratch_registry, name)
+    assert scratch_registry.select(OP, FakeCall(vendor)).backend == expected
 
 
 def test_auto_skips_backends_that_cannot_run(scratch_registry):
-    register_fake("tilecpp", reasons=["no cubin"])
-    register_fake("triton")
-    register_fake("torch")
-    assert registry.select(OP, FakeCall("nvidia")).backend == "triton"
+    register_fake(scratch_registry, "tilecpp", reasons=["no cubin"])
+    register_fake(scratch_registry, "triton")
+    register_fake(scratch_registry, "torch")
+    assert scratch_registry.select(OP, FakeCall("nvidia")).backend == "triton"
 
 
 def test_auto_error_lists_every_backend_with_reasons(scratch_registry):
-    register_fake("tilecpp", reasons=["no cubin for sm_90"])
-    register_fake("triton", reasons=["triton not installed"])
-    register_fake("torch", vendors=("cpu",))
+    register_fake(scratch_registry, "tilecpp", reasons=["no cubin for sm_90"])
+    register_fake(scratch_registry, "triton", reasons=["triton not installed"])
+    register_fake(scratch_registry, "torch", vendors=("cpu",))
     with pytest.raises(tilegym.BackendUnavailableError) as info:
-        registry.select(OP, FakeCall("nvidia"))
+        scratch_registry.select(OP, FakeCall("nvidia"))
     message = str(info.value)
     for text in ("tilecpp: no cubin for sm_90", "triton: triton not installed", "torch: runs on cpu", "aiter:"):
         assert text in message
 
 
 def test_explicit_backend_never_falls_back(scratch_registry):
-    register_fake("triton", reasons=["head dim 100 is not supported"])
-    register_fake("torch")
+    register_fake(scratch_registry, "triton", reasons=["head dim 100 is not supported"])
+    register_fake(scratch_registry, "torch")
     with pytest.raises(tilegym.BackendUnavailableError, match="'triton' .*head dim 100 is not supported"):
-        registry.select(OP, FakeCall("nvidia"), "triton")
+        scratch_registry.select(OP, FakeCall("nvidia"), "triton")
 
 
 def test_explicit_backend_without_implementation(scratch_registry):
-    register_fake("torch")
+    register_fake(scratch_registry, "torch")
     with pytest.raises(tilegym.BackendUnavailableError, match="no implementation of this op; implemented by: torch"):
-        registry.select(OP, FakeCall(), "aiter")
+        scratch_registry.select(OP, FakeCall(), "aiter")
 
 
 def test_probe_reasons_block_a_backend_and_are_cached(scratch_registry):
@@ -102,12 +99,12 @@ def test_probe_reasons_block_a_backend_and_are_cached(scratch_registry):
         calls.append(1)
         return ["aiter needs ROCm"]
 
-    registry.register_probe("aiter", probe)
-    register_fake("aiter")
-    register_fake("torch")
+    scratch_registry.register_probe("aiter", probe)
+    register_fake(scratch_registry, "aiter")
+    register_fake(scratch_registry, "torch")
     with pytest.raises(tilegym.BackendUnavailableError, match="aiter needs ROCm"):
-        registry.select(OP, FakeCall("amd"), "aiter")
-    assert registry.select(OP, FakeCall("amd")).backend == "torch"
+        scratch_registry.select(OP, FakeCall("amd"), "aiter")
+    assert scratch_registry.select(OP, FakeCall("amd")).backend == "torch"
     assert len(calls) == 1
 
 
@@ -115,16 +112,18 @@ def test_probe_that_raises_becomes_a_reason(scratch_registry):
     def probe():
         raise RuntimeError("ROCm version file not found")
 
-    registry.register_probe("aiter", probe)
-    register_fake("aiter")
-    assert registry.backend_status(OP, "amd")["aiter"] == ["probe failed: RuntimeError: ROCm version file not found"]
+    scratch_registry.register_probe("aiter", probe)
+    register_fake(scratch_registry, "aiter")
+    assert scratch_registry.backend_status(OP, "amd")["aiter"] == [
+        "probe failed: RuntimeError: ROCm version file not found"
+    ]
 
 
 @pytest.mark.parametrize("name", ["cuda", "Torch", "", None, 3])
 def test_unknown_names_list_the_valid_ones(scratch_registry, name):
-    register_fake("torch")
-    with pytest.raises(ValueError, match="valid names are torch, triton, tilecpp, aiter, auto"):
-        registry.select(OP, FakeCall(), name if name is not None else 5)
+    register_fake(scratch_registry, "torch")
+    with pytest.raises(ValueError, match="valid names are torch, triton, tilecpp, aiter, cutlass, auto"):
+        scratch_registry.select(OP, FakeCall(), name if name is not None else 5)
     if isinstance(name, str):
         with pytest.raises(ValueError, match="valid names"):
             tilegym.set_backend(name)
@@ -135,38 +134,38 @@ def test_unknown_names_list_the_valid_ones(scratch_registry, name):
 
 def test_precedence_kwarg_context_global_env(scratch_registry, monkeypatch):
     for name in ("torch", "triton", "tilecpp", "aiter"):
-        register_fake(name)
+        register_fake(scratch_registry, name)
     call = FakeCall("nvidia")
-    assert registry.select(OP, call).backend == "tilecpp"
+    assert scratch_registry.select(OP, call).backend == "tilecpp"
     monkeypatch.setenv(registry.ENV_VAR, "aiter")
-    assert registry.select(OP, call).backend == "aiter"
+    assert scratch_registry.select(OP, call).backend == "aiter"
     tilegym.set_backend("triton")
-    assert registry.select(OP, call).backend == "triton"
+    assert scratch_registry.select(OP, call).backend == "triton"
     with tilegym.use_backend("torch"):
-        assert registry.select(OP, call).backend == "torch"
-        assert registry.select(OP, call, "tilecpp").backend == "tilecpp"
-    assert registry.select(OP, call).backend == "triton"
+        assert scratch_registry.select(OP, call).backend == "torch"
+        assert scratch_registry.select(OP, call, "tilecpp").backend == "tilecpp"
+    assert scratch_registry.select(OP, call).backend == "triton"
     tilegym.set_backend(None)
-    assert registry.select(OP, call).backend == "aiter"
+    assert scratch_registry.select(OP, call).backend == "aiter"
 
 
 def test_env_var_with_unknown_name_is_named_in_error(scratch_registry, monkeypatch):
-    register_fake("torch")
+    register_fake(scratch_registry, "torch")
     monkeypatch.setenv(registry.ENV_VAR, "cudnn")
     with pytest.raises(ValueError, match="TILEGYM_BACKEND: unknown backend 'cudnn'"):
-        registry.select(OP, FakeCall())
+        scratch_registry.select(OP, FakeCall())
 
 
 def test_use_backend_nesting_and_restoration(scratch_registry):
     for name in ("torch", "triton", "tilecpp"):
-        register_fake(name)
+        register_fake(scratch_registry, name)
     call = FakeCall("nvidia")
     with tilegym.use_backend("triton"):
         with tilegym.use_backend("torch"):
-            assert registry.select(OP, call).backend == "torch"
+            assert scratch_registry.select(OP, call).backend == "torch"
             with tilegym.use_backend("auto"):
-                assert registry.select(OP, call).backend == "tilecpp"
-        assert registry.select(OP, call).backend == "triton"
+                assert scratch_registry.select(OP, call).backend == "tilecpp"
+        assert scratch_registry.select(OP, call).backend == "triton"
     assert registry.requested_backend() == ("auto", "default")
 
 
@@ -233,6 +232,7 @@ subprocess.Popen.__init__ = forbid
 os.environ['XDG_CACHE_HOME'] = {str(tmp_path / "xdg")!r}
 os.environ['TILEGYM_CACHE_DIR'] = {str(tmp_path / "cache")!r}
 import tilegym
+assert 'tilegym.ops.reference' not in sys.modules, 'registry loaded at import'
 assert not os.path.exists({str(tmp_path / "xdg")!r}) and not os.path.exists({str(tmp_path / "cache")!r})
 print('ok')
 """
@@ -246,3 +246,76 @@ def test_info_command_reports_every_backend():
     assert info.returncode == 0, info.stderr
     assert "mla_decoding_split_kv:" in info.stdout and "torch    available" in info.stdout
     assert "aiter    unavailable" in info.stdout
+
+
+def test_priorities_are_declared_data_with_arch_overrides():
+    reg = registry.Registry(
+        [
+            registry.BackendSpec("slow", priority={"nvidia": 1}),
+            registry.BackendSpec("fast", priority={"nvidia": 2, "sm_90": 0}),
+        ],
+        entry_point_group=None,
+    )
+    assert reg.vendor_priority("nvidia") == ("fast", "slow")
+    assert reg.vendor_priority("nvidia", "sm_90") == ("slow", "fast")
+    assert reg.vendor_priority("amd") == ()
+    reg.register_backend("late", priority={"nvidia": 3})
+    assert reg.vendor_priority("nvidia") == ("late", "fast", "slow")
+
+
+@pytest.mark.parametrize(
+    "name, priority, match",
+    [
+        ("torch", {}, "already declared"),
+        ("auto", {}, "identifier"),
+        ("x-y", {}, "identifier"),
+        ("x", {"intel": 1}, "priority"),
+    ],
+)
+def test_register_backend_validates(scratch_registry, name, priority, match):
+    with pytest.raises(ValueError, match=match):
+        scratch_registry.register_backend(name, priority=priority)
+
+
+def test_backend_modules_that_fail_or_are_absent_are_reported(tmp_path):
+    reg = registry.Registry(
+        [
+            registry.BackendSpec("missing", module="tilegym_no_such_module"),
+            registry.BackendSpec("later", module="tilegym_no_such_module_either", optional=True),
+        ],
+        entry_point_group=None,
+    )
+    status = reg.backend_status(OP, "cpu")
+    assert status["missing"][0].startswith("module tilegym_no_such_module failed to load: ModuleNotFoundError")
+    assert status["later"] == ["not part of this installation (no module tilegym_no_such_module_either)"]
+    assert registry.backend_status(OP, "cpu")["cutlass"] == [
+        "not part of this installation (no module tilegym.ops.cutlass)"
+    ]
+
+
+def test_override_replaces_and_restores(scratch_registry):
+    register_fake(scratch_registry, "torch", vendors=("nvidia",))
+    before = scratch_registry.implementations(OP)["torch"]
+    with scratch_registry.override(OP, "torch", vendors=("cpu",)) as impl:
+        assert scratch_registry.select(OP, FakeCall("cpu")) is impl
+    assert scratch_registry.implementations(OP)["torch"] is before
+    with pytest.raises(KeyError), scratch_registry.override(OP, "triton", run=lambda call: "t", vendors=("cpu",)):
+        assert scratch_registry.select(OP, FakeCall("cpu"), "triton").run(None) == "t"
+        raise KeyError("boom")
+    assert "triton" not in scratch_registry.implementations(OP)
+
+
+def test_clear_probe_cache_reruns_probes(scratch_registry):
+    answers = [["not yet"], []]
+    scratch_registry.register_probe("triton", lambda: answers.pop(0))
+    assert scratch_registry.unavailable_reasons("triton") == ["not yet"]
+    assert scratch_registry.unavailable_reasons("triton") == ["not yet"]
+    scratch_registry.clear_probe_cache()
+    assert scratch_registry.unavailable_reasons("triton") == []
+
+
+def test_backends_attribute_is_the_declared_names():
+    from tilegym.backend import BACKENDS
+
+    assert BACKENDS == tilegym.BACKENDS == tuple(registry.backend_names())
+    assert BACKENDS[:5] == ("torch", "triton", "tilecpp", "aiter", "cutlass")

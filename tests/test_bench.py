@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from pathlib import Path
 
@@ -79,10 +78,9 @@ def half_written_output(call):
 
 
 @pytest.mark.parametrize("wrong", [scaled_output, half_written_output], ids=["scaled", "half-written"])
-def test_wrong_backend_result_is_flagged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong) -> None:
-    impl = registry.implementations(OP)["torch"]
-    monkeypatch.setitem(registry._registry, (OP, "torch"), dataclasses.replace(impl, run=wrong))
-    rc, report = run_bench(tmp_path, "--backends", "torch", "--no-plot")
+def test_wrong_backend_result_is_flagged(tmp_path: Path, wrong) -> None:
+    with registry.default_registry.override(OP, "torch", run=wrong):
+        rc, report = run_bench(tmp_path, "--backends", "torch", "--no-plot")
     assert rc == 1
     for row in report["rows"]:
         assert row["status"] == "FAILED" and row["note"], row

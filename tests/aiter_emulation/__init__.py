@@ -22,7 +22,6 @@ on ``sys.path``; the package imports its own modules that way).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator
 
@@ -57,23 +56,22 @@ def install_emulated_aiter(arch: str = "gfx950", cu_num: int = 8) -> Iterator[Em
 @contextlib.contextmanager
 def emulated_aiter_backend(arch: str = "gfx950", cu_num: int = 8) -> Iterator[EmulatedAiter]:
     """Run tilegym's aiter backend on CPU tensors against the emulated aiter (see module doc)."""
-    from tilegym import backend
+    from tilegym.backend import default_registry
     from tilegym.ops.aiter import support
 
-    impl = backend.implementations(_OP)["aiter"]
+    impl = default_registry.implementations(_OP)["aiter"]
     hooks = {"rocm_build": lambda: True, "device_arch": lambda device: arch}
     saved_hooks = {name: getattr(support, name) for name in hooks}
-    with install_emulated_aiter(arch, cu_num) as state:
-        with backend._registry_lock:
-            backend._registry[(_OP, "aiter")] = dataclasses.replace(impl, vendors=(*impl.vendors, "cpu"))
+    with (
+        install_emulated_aiter(arch, cu_num) as state,
+        default_registry.override(_OP, "aiter", vendors=(*impl.vendors, "cpu")),
+    ):
         for name, hook in hooks.items():
             setattr(support, name, hook)
-        backend.backend_unavailable_reasons.cache_clear()
+        default_registry.clear_probe_cache()
         try:
             yield state
         finally:
             for name, hook in saved_hooks.items():
                 setattr(support, name, hook)
-            with backend._registry_lock:
-                backend._registry[(_OP, "aiter")] = impl
-            backend.backend_unavailable_reasons.cache_clear()
+            default_registry.clear_probe_cache()
