@@ -7,7 +7,7 @@ import torch
 
 import tilegym
 from tilegym.ops import torch_library
-from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error, to_pages
 
 
 def compiled(fn):
@@ -50,16 +50,36 @@ def test_compiled_splitk_reduce():
 
 
 def test_bad_input_still_raises_under_compile():
-    x = make_mla_inputs(2, 16, 40, 64, 16, dtype=torch.float16)
-    with pytest.raises(ValueError, match="kv_len_per_split must be >= 1"):
-        compiled(lambda q, qpe, kv, kpe: tilegym.mla_decoding_split_kv(q, qpe, kv, kpe, kv_len_per_split=0))(
-            x.q, x.qpe, x.kv, x.kpe
-        )
+    """Checks run while tracing: a ValueError naming the argument (fullgraph: Dynamo's error carrying it)."""
+    x = make_mla_inputs(2, 16, 40, 64, 16, dtype=torch.float16, kv_dtype=torch.float8_e4m3fn)
+
+    def step(q, qpe, kv, kpe):
+        return tilegym.mla_decoding_split_kv(q, qpe, kv, kpe, kv_scale=-1.0)
+
+    with pytest.raises(ValueError, match="kv_scale must be finite and > 0"):
+        torch.compile(step, backend="aot_eager")(x.q, x.qpe, x.kv, x.kpe)
+    with pytest.raises((ValueError, RuntimeError), match="kv_scale must be finite and > 0"):
+        compiled(step)(x.q, x.qpe, x.kv, x.kpe)
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_custom_op_registration_is_consistent(return_lse):
-    x = make_mla_inputs(2, 16, 40, 64, 16, dtype=torch.float16)
-    out = torch.empty(2, 16, 64, dtype=torch.float16)
-    args = (x.q, x.qpe, x.kv, x.kpe, out, None, None, None, None, return_lse, "torch")
+    x = make_mla_inputs(2, 16, 40, 64, 16, dtype=torch.float16, kv_lens=[40, 7], q_len=2)
+    args = (x.q, x.qpe, x.kv, x.kpe, x.kv_lens, None, None, None, None, 0.1, None, True, return_lse, "torch")
     torch.library.opcheck(torch_library.mla_decoding_split_kv_op, args)
+
+
+def test_compiled_paged_mtp_with_a_plan_matches_float64():
+    """A plan under torch.compile: the op runs the plan's layout and options (and needs no recompile per step)."""
+    x = make_mla_inputs(3, 16, 64, 64, 16, dtype=torch.float16, kv_lens=[64, 17, 0], q_len=2)
+    pages = to_pages(x, 16)
+
+    def layer(q, qpe, kv, kpe, plan):
+        return tilegym.mla_decoding_split_kv(q, qpe, kv, kpe, plan=plan)
+
+    run = compiled(layer)
+    for _ in range(2):  # a fresh plan each step, as an engine makes them
+        plan = tilegym.plan_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("paged"))
+        out = run(x.q, x.qpe, pages.kv, pages.kpe, plan)
+    expected, _ = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens)
+    assert out.shape == x.q.shape and relative_error(out, expected) < 2e-3

@@ -1,7 +1,9 @@
 """tilegym: GPU operators with several backends behind one call.
 
     import tilegym
-    out = tilegym.ops.mla_decoding_split_kv(q, qpe, kv, kpe, backend="triton")
+    out = tilegym.mla_decoding_split_kv(q, qpe, kv, kpe, backend="triton")
+    plan = tilegym.plan_mla_decoding(q, qpe, kv, kpe, kv_lens=lens, block_table=table)  # once per step
+    out = tilegym.mla_decoding_split_kv(q, qpe, kv, kpe, plan=plan)  # every layer
     with tilegym.use_backend("torch"):
         ...
 
@@ -25,7 +27,7 @@ from tilegym.backend import (
     set_backend,
     use_backend,
 )
-from tilegym.ops import mla_decoding_split_kv, splitk_reduce
+from tilegym.ops import MLADecodePlan, mla_decoding_split_kv, plan_mla_decoding, splitk_reduce
 from tilegym.selection import explain
 
 __version__ = "0.1.0"
@@ -34,6 +36,7 @@ __all__ = [
     "BACKENDS",
     "BackendSpec",
     "BackendUnavailableError",
+    "MLADecodePlan",
     "Registry",
     "__version__",
     "backend_names",
@@ -42,6 +45,7 @@ __all__ = [
     "implementations",
     "mla_decoding_split_kv",
     "ops",
+    "plan_mla_decoding",
     "register_backend",
     "register_impl",
     "requested_backend",

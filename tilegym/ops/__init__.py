@@ -165,7 +165,8 @@ def _compiled_call(arguments: dict) -> Result:
     )
     user_out = arguments.get("out")
     if call.squeeze_q:
-        out, lse = out[:, 0], lse[:, 0]
+        out = out[:, 0]
+        lse = lse[:, 0] if call.return_lse else lse
     if user_out is not None:
         user_out.copy_(out)
         out = user_out
