@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_tiny_sources
 
-from tilegym.ops.tilecpp import loader
-from tilegym.ops.tilecpp.precompile import library_kernels
-from tilegym.ops.tilecpp.precompile import main as precompile_main
+from tilegym.ops import cubin_loader as loader
+from tilegym.ops.precompile import library_kernels
+from tilegym.ops.precompile import main as precompile_main
 
 REPO = Path(__file__).resolve().parents[1]
 NVCC = loader.nvcc_or_none()
@@ -74,7 +74,7 @@ def test_two_processes_compiling_the_same_kernel_leave_one_valid_cubin(tiny_dir:
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from tilegym.ops.tilecpp.loader import TileCppKernel
+        from tilegym.ops.cubin_loader import TileCppKernel
         k = TileCppKernel(Path({str(tiny_dir)!r}) / "tiny.cuh", "tiny_scale_kernel", (128,), ("float*", "float"))
         print(k.compile("sm_90"))
         """

@@ -17,8 +17,8 @@ from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_tiny_sources
 
 import tilegym
 from tilegym.backend import BackendUnavailableError, implementations
+from tilegym.ops import cubin_loader as loader
 from tilegym.ops.contract import validate_mla_decoding
-from tilegym.ops.tilecpp import loader
 from tilegym.ops.tilecpp import mla_decoding_split_kv as tilecpp_mla
 from tilegym.testing import make_mla_inputs
 
@@ -107,12 +107,12 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 def test_import_creates_no_cache_dir_and_runs_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     code = (
-        "import subprocess, tilegym, tilegym.ops.tilecpp, tilegym.ops.tilecpp.loader\n"
+        "import subprocess, tilegym, tilegym.ops.tilecpp, tilegym.ops.cubin_loader\n"
         "from tilegym.backend import implementations\n"
         "implementations('mla_decoding_split_kv')\n"
         "def no_subprocess(*a, **k): raise SystemExit('subprocess at import')\n"
         "subprocess.Popen = no_subprocess\n"
-        "import tilegym.ops.tilecpp.mla_decoding_split_kv, tilegym.ops.tilecpp.precompile\n"
+        "import tilegym.ops.tilecpp.mla_decoding_split_kv, tilegym.ops.precompile\n"
     )
     env = {**os.environ, loader.CACHE_ENV_VAR: str(cache)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tilegym.ops.tilecpp import loader
+from tilegym.ops import cubin_loader as loader
 
 TINY_HEADER = """#pragma once
 #include <cuda_tile.h>

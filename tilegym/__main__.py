@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo()
     if command == "precompile":
-        from tilegym.ops.tilecpp.precompile import main as precompile_main
+        from tilegym.ops.precompile import main as precompile_main
 
         return precompile_main(rest)
     from tilegym.bench import main as bench_main

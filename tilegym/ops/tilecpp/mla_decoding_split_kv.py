@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from tilegym.ops.contract import MLADecodeCall
+from tilegym.ops.cubin_loader import TileCppKernel
 from tilegym.ops.split_plan import SplitPlan, plan_mla_splits
-from tilegym.ops.tilecpp.loader import TileCppKernel
 from tilegym.ops.tilecpp.splitk_reduce import (
     C_TYPES,
     MAX_GRID_YZ,

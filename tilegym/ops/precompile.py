@@ -12,7 +12,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tilegym.ops.tilecpp.loader import CACHE_ENV_VAR, TileCppError, TileCppKernel, cache_dir, find_nvcc, normalize_arch
+from tilegym.ops.cubin_loader import CACHE_ENV_VAR, TileCppError, TileCppKernel, cache_dir, find_nvcc, normalize_arch
 
 
 def library_kernels() -> list[TileCppKernel]:

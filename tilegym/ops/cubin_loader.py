@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-KERNEL_DIR = Path(__file__).resolve().parent
+KERNEL_DIR = Path(__file__).resolve().parent / "tilecpp"
 NVCC_ENV_VAR = "TILEGYM_NVCC"
 CACHE_ENV_VAR = "TILEGYM_CACHE_DIR"
 MIN_NVCC_VERSION = (13, 3)
