@@ -613,6 +613,7 @@ class CubinKernel:
         return "\n".join(lines) + "\n"
 
     def compile_command(self, nvcc: str, arch: str, source: Path, output: Path) -> list[str]:
+        """The nvcc command line that compiles ``source`` into the cubin ``output`` for ``arch``."""
         include_dirs, _ = _external_includes(self.language)
         return [
             nvcc,
