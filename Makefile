@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,triton,tilecpp,bench
+EXTRAS ?= test,triton,tilecpp,cutlass,bench
 PY := $(VENV)/bin/python
 
 .PHONY: demo test info bench lint

@@ -24,7 +24,15 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     packages=find_packages(include=["tilegym", "tilegym.*"]),
-    package_data={"tilegym": ["ops/tilecpp/*.cuh", "ops/tilecpp/**/*.cuh", "selection_tables/*.json"]},
+    package_data={
+        "tilegym": [
+            "ops/tilecpp/*.cuh",
+            "ops/tilecpp/**/*.cuh",
+            "ops/cutlass/*.cuh",
+            "ops/cutlass/**/*.cuh",
+            "selection_tables/*.json",
+        ]
+    },
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
     extras_require={
@@ -34,6 +42,15 @@ setup(
             "cuda-bindings>=13.0",
             "nvidia-cuda-nvcc==13.5.37",
             "nvidia-cuda-tileiras==13.5.37",
+            "nvidia-cuda-crt",
+            "nvidia-cuda-runtime",
+            "nvidia-cuda-cccl",
+        ],
+        # Plain CUDA C++ with CuTe: the CUTLASS headers plus any nvcc >= 12.3 (the pip one here).
+        "cutlass": [
+            "nvidia-cutlass==4.2.0.0",
+            "cuda-bindings>=13.0",
+            "nvidia-cuda-nvcc==13.5.37",
             "nvidia-cuda-crt",
             "nvidia-cuda-runtime",
             "nvidia-cuda-cccl",

@@ -31,8 +31,8 @@ import torch
 from tilegym.bench import HEAD_DIM, ROPE_DIM, Shape, flop_count, traffic_bytes
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
 from tilegym.ops.contract import validate_mla_decoding
+from tilegym.ops.cubin_loader import cache_dir, toolchain_problem
 from tilegym.ops.tilecpp import splitk_reduce as combine_module
-from tilegym.ops.tilecpp.loader import cache_dir, toolchain_problem
 from tilegym.ops.tilecpp.mla_decoding_split_kv import (
     DTYPES,
     MANY_HEADS,

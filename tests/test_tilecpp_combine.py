@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tilegym.ops.tilecpp import loader
+from tilegym.ops import cubin_loader as loader
 from tilegym.ops.tilecpp import splitk_reduce as combine
 
 D = 512

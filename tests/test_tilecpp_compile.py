@@ -1,12 +1,14 @@
 """Compile-only CI tests of the Tile C++ backend (no GPU): every library kernel variant builds
 for sm_90 and sm_100 with the pip toolchain; the cubin cache is reused, keyed and safe for
-concurrent processes; nvcc errors are reported; the wheel ships the .cuh sources.
+concurrent processes; every cubin has a matching hash file and a truncated one is rebuilt; nvcc
+errors are reported; the wheel ships the .cuh sources.
 
 Needs the ``tilecpp`` extra (nvcc >= 13.3 with Tile support); skipped without it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -17,9 +19,9 @@ from pathlib import Path
 import pytest
 from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_tiny_sources
 
-from tilegym.ops.tilecpp import loader
-from tilegym.ops.tilecpp.precompile import library_kernels
-from tilegym.ops.tilecpp.precompile import main as precompile_main
+from tilegym.ops import cubin_loader as loader
+from tilegym.ops.precompile import main as precompile_main
+from tilegym.ops.precompile import tilecpp_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 NVCC = loader.nvcc_or_none()
@@ -37,15 +39,27 @@ def test_every_library_variant_compiles_for_sm90_and_sm100(
 ) -> None:
     cache = tmp_path / "cache"
     monkeypatch.setenv(loader.CACHE_ENV_VAR, str(cache))  # precompile sets it; monkeypatch restores it
-    assert precompile_main(["--arch", "sm_90", "--arch", "sm_100", "--cache-dir", str(cache), "--jobs", "2"]) == 0
+    argv = ["--arch", "sm_90", "--arch", "sm_100", "--backend", "tilecpp", "--cache-dir", str(cache), "--jobs", "2"]
+    assert precompile_main(argv) == 0
     printed = capsys.readouterr().out
-    kernels = library_kernels()
+    kernels = tilecpp_kernels()
     assert f"{2 * len(kernels)}/{2 * len(kernels)} kernel variants ready" in printed
     for arch in ("sm_90", "sm_100"):
         for kernel in kernels:
             cubin = kernel.cached_cubin(arch, NVCC)
             assert cubin is not None and cubin.parent == cache / arch, (kernel, arch)
-            assert kernel.mangled_name(cubin.read_bytes()).startswith(b"_Z"), kernel
+            image = cubin.read_bytes()
+            assert image.startswith(b"\x7fELF") and kernel.mangled_name(image).startswith(b"_Z"), kernel
+            assert hash_file_digest(cubin) == hashlib.sha256(image).hexdigest()
+    assert precompile_main(argv) == 0  # a second run finds every variant verified in the cache
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sm_")]
+    assert len(rows) == 2 * len(kernels) and all(" cached " in row for row in rows)
+
+
+def hash_file_digest(cubin: Path) -> str:
+    digest, name = cubin.with_name(cubin.name + ".sha256").read_text().split()
+    assert name == cubin.name
+    return digest
 
 
 def test_precompile_reports_a_missing_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -74,7 +88,7 @@ def test_two_processes_compiling_the_same_kernel_leave_one_valid_cubin(tiny_dir:
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from tilegym.ops.tilecpp.loader import TileCppKernel
+        from tilegym.ops.cubin_loader import TileCppKernel
         k = TileCppKernel(Path({str(tiny_dir)!r}) / "tiny.cuh", "tiny_scale_kernel", (128,), ("float*", "float"))
         print(k.compile("sm_90"))
         """
@@ -92,6 +106,15 @@ def test_two_processes_compiling_the_same_kernel_leave_one_valid_cubin(tiny_dir:
     assert not list(folder.glob("*.tmp"))
     cubin = next(folder.glob("*.cubin"))
     assert tiny_kernel(tiny_dir).mangled_name(cubin.read_bytes()) == b"_Z17tiny_scale_kernelILi128EEvPff"
+    assert hash_file_digest(cubin) == hashlib.sha256(cubin.read_bytes()).hexdigest()
+
+
+def test_a_truncated_cubin_is_rebuilt_into_a_working_one(tiny_dir: Path) -> None:
+    cubin = tiny_kernel(tiny_dir).compile("sm_90")
+    good = cubin.read_bytes()
+    cubin.write_bytes(good[: len(good) // 2])
+    assert tiny_kernel(tiny_dir).verified_image("sm_90") == (cubin, cubin.read_bytes())
+    assert cubin.read_bytes().startswith(b"\x7fELF") and len(cubin.read_bytes()) == len(good)
 
 
 def test_compile_error_shows_nvcc_message_and_source_path(tiny_dir: Path) -> None:

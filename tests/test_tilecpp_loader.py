@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_tiny_sources
+from tilecpp_tiny import tiny_factor_header, tiny_kernel, write_cache_entry, write_tiny_sources
 
 import tilegym
 from tilegym.backend import BackendUnavailableError, implementations
+from tilegym.ops import cubin_loader as loader
 from tilegym.ops.contract import validate_mla_decoding
-from tilegym.ops.tilecpp import loader
 from tilegym.ops.tilecpp import mla_decoding_split_kv as tilecpp_mla
 from tilegym.testing import make_mla_inputs, to_pages
 
@@ -27,30 +27,6 @@ from tilegym.testing import make_mla_inputs, to_pages
 def tiny_dir(tmp_path: Path) -> Path:
     """A folder with a tiny kernel header that includes a second project header."""
     return write_tiny_sources(tmp_path)
-
-
-@pytest.fixture
-def fake_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Point TILEGYM_NVCC at a script that reports a given CUDA release."""
-
-    def make(release: str) -> Path:
-        script = tmp_path / f"nvcc-{release}"
-        script.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.0'\n")
-        script.chmod(0o755)
-        monkeypatch.setenv(loader.NVCC_ENV_VAR, str(script))
-        loader.clear_toolchain_cache()
-        return script
-
-    yield make
-    loader.clear_toolchain_cache()
-
-
-@pytest.fixture
-def no_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(loader.NVCC_ENV_VAR, str(tmp_path / "missing" / "nvcc"))
-    loader.clear_toolchain_cache()
-    yield
-    loader.clear_toolchain_cache()
 
 
 # ----------------------------------------------------------------------------- toolchain search
@@ -64,21 +40,28 @@ def test_missing_nvcc_says_what_to_install(no_nvcc: None) -> None:
 
 
 def test_too_old_nvcc_is_rejected_with_its_version(fake_nvcc) -> None:
-    path = fake_nvcc("13.0")
+    path = fake_nvcc("13.0").path
     with pytest.raises(loader.NvccNotFoundError, match=r"CUDA 13\.0, without Tile C\+\+ support") as err:
         loader.find_nvcc()
     assert str(path) in str(err.value) and "pip install" in str(err.value)
+    assert loader.find_nvcc("cuda").version == (13, 0)  # plain CUDA C++ needs only 12.3
+
+
+def test_cuda_language_rejects_nvcc_older_than_12_3(fake_nvcc) -> None:
+    fake_nvcc("12.2")
+    with pytest.raises(loader.NvccNotFoundError, match=r"CUDA 12\.2, older than 12\.3"):
+        loader.find_nvcc("cuda")
 
 
 def test_new_enough_nvcc_is_found_with_its_version(fake_nvcc) -> None:
-    path = fake_nvcc("13.5")
+    path = fake_nvcc("13.5").path
     nvcc = loader.find_nvcc()
     assert (nvcc.path, nvcc.version) == (str(path), (13, 5))
     assert "release 13.5" in nvcc.version_text
 
 
 def test_env_override_wins_over_wheel_and_path(fake_nvcc) -> None:
-    path = fake_nvcc("13.3")
+    path = fake_nvcc("13.3").path
     assert loader._candidate_nvccs() == [(str(path), f"${loader.NVCC_ENV_VAR}")]
 
 
@@ -107,12 +90,16 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 def test_import_creates_no_cache_dir_and_runs_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     code = (
-        "import subprocess, tilegym, tilegym.ops.tilecpp, tilegym.ops.tilecpp.loader\n"
+        "import subprocess, tilegym, tilegym.ops.tilecpp, tilegym.ops.cubin_loader\n"
         "from tilegym.backend import implementations\n"
         "implementations('mla_decoding_split_kv')\n"
         "def no_subprocess(*a, **k): raise SystemExit('subprocess at import')\n"
         "subprocess.Popen = no_subprocess\n"
-        "import tilegym.ops.tilecpp.mla_decoding_split_kv, tilegym.ops.tilecpp.precompile\n"
+        "import sys, tilegym.ops.tilecpp.mla_decoding_split_kv, tilegym.ops.precompile as p\n"
+        "kernels = p.tilecpp_kernels()\n"
+        "from tilegym.ops.cubin_loader import _search_cutlass, _search_nvcc\n"
+        "assert _search_nvcc.cache_info().currsize == _search_cutlass.cache_info().currsize == 0\n"
+        "assert 'cutlass_library' not in sys.modules\n"
     )
     env = {**os.environ, loader.CACHE_ENV_VAR: str(cache)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
@@ -127,7 +114,7 @@ def test_included_headers_are_followed_transitively(tiny_dir: Path) -> None:
 
 
 def test_library_key_covers_common_header() -> None:
-    names = {p.name for p in loader.included_headers(loader.KERNEL_DIR / "mla_decoding_split_kv.cuh")}
+    names = {p.name for p in loader.included_headers(loader.TileCppKernel.kernel_dir / "mla_decoding_split_kv.cuh")}
     assert {"mla_decoding_split_kv.cuh", "common.cuh"} <= names
 
 
@@ -160,8 +147,7 @@ def test_without_nvcc_a_cached_cubin_of_any_toolchain_is_used(
     with pytest.raises(loader.CubinNotCachedError, match="precompile --arch sm_90"):
         kernel.resolve_cubin("sm_90")
     built = kernel.cubin_path("sm_90", loader.Nvcc("nvcc", (13, 5), "release 13.5, V13.5.37"))
-    built.parent.mkdir(parents=True)
-    built.write_bytes(b"cubin")
+    write_cache_entry(built, b"cubin")
     assert kernel.resolve_cubin("sm_90") == built
     assert kernel.available("sm_90")
     assert tiny_kernel(tiny_dir).cached_cubin("sm_100") is None  # other arch: not this one
@@ -172,8 +158,8 @@ def test_a_stale_cubin_is_not_used_after_a_header_edit(
 ) -> None:
     monkeypatch.setenv(loader.CACHE_ENV_VAR, str(tiny_dir / "cache"))
     built = tiny_kernel(tiny_dir).cubin_path("sm_90", loader.Nvcc("nvcc", (13, 5), "release 13.5"))
-    built.parent.mkdir(parents=True)
-    built.write_bytes(b"cubin")
+    write_cache_entry(built, b"cubin")
+    assert tiny_kernel(tiny_dir).cached_cubin("sm_90") == built
     (tiny_dir / "tiny_factor.cuh").write_text(tiny_factor_header("4.0f"))
     assert tiny_kernel(tiny_dir).cached_cubin("sm_90") is None
 

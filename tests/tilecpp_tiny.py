@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from tilegym.ops.tilecpp import loader
+from tilegym.ops import cubin_loader as loader
 
 TINY_HEADER = """#pragma once
 #include <cuda_tile.h>
@@ -32,3 +33,11 @@ def write_tiny_sources(folder: Path) -> Path:
 
 def tiny_kernel(folder: Path, n: int = 128, flags: tuple[str, ...] = ()) -> loader.TileCppKernel:
     return loader.TileCppKernel(folder / "tiny.cuh", "tiny_scale_kernel", (n,), ("float*", "float"), flags=flags)
+
+
+def write_cache_entry(cubin: Path, image: bytes) -> Path:
+    """Put ``image`` in the cache as ``cubin`` with its hash file in ``sha256sum`` format."""
+    cubin.parent.mkdir(parents=True, exist_ok=True)
+    cubin.write_bytes(image)
+    cubin.with_name(cubin.name + ".sha256").write_text(f"{hashlib.sha256(image).hexdigest()}  {cubin.name}\n")
+    return cubin

@@ -21,7 +21,7 @@ def _demo(argv: list[str]) -> int:
 
 
 def _precompile(argv: list[str]) -> int:
-    from tilegym.ops.tilecpp.precompile import main as precompile_main
+    from tilegym.ops.precompile import main as precompile_main
 
     return precompile_main(argv)
 

@@ -28,7 +28,7 @@ def probe() -> list[str]:
         import cuda.bindings.driver  # noqa: F401
     except ImportError as exc:
         return [f"needs cuda-python's driver bindings (pip install cuda-bindings): {exc}"]
-    from tilegym.ops.tilecpp.loader import cache_dir, toolchain_problem
+    from tilegym.ops.cubin_loader import cache_dir, toolchain_problem
 
     arch = f"sm_{capability[0]}{capability[1]}"
     problem = toolchain_problem()

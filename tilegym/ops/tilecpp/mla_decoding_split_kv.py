@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from tilegym.ops.contract import DENSE, MLADecodeCall
+from tilegym.ops.cubin_loader import TileCppKernel
 from tilegym.ops.schedule import SplitSchedule, schedule_shape
-from tilegym.ops.tilecpp.loader import TileCppKernel
 from tilegym.ops.tilecpp.splitk_reduce import C_TYPES, device_arch
 from tilegym.utils import cdiv
 

@@ -15,7 +15,7 @@ import functools
 import torch
 
 from tilegym.ops.contract import SplitKReduceCall
-from tilegym.ops.tilecpp.loader import TileCppKernel
+from tilegym.ops.cubin_loader import TileCppKernel
 from tilegym.utils import cdiv
 
 HEADER = "splitk_reduce.cuh"
