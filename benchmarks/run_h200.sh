@@ -1,58 +1,85 @@
 #!/usr/bin/env bash
-# One device call on the H200 (about 4 min): GPU-marked tests, the deepseek and amd-mixed-mla
-# benchmark suites (bf16), the deepseek suite with an fp8 KV cache, and the demo. Every step is
+# One device call on the H200: GPU-marked tests, then benchmark suites, then the demo. Every step is
 # logged to $OUT; a failing step does not stop the next ones; the exit code is non-zero if any
 # step failed.
 #
+#   bash benchmarks/run_h200.sh [tests] [SUITE-SPEC ...] [demo]
+#
+# A SUITE-SPEC is suite[:layout[:page_size]][+fp8][@backends], e.g. `deepseek`, `mixed:paged:64`,
+# `deepseek:ragged:1@triton,tilecpp`, `deepseek+fp8`. Results land in benchmarks/results/<suite>/,
+# which the repository commits; $OUT gets results.tar.gz (the results and every step's log).
+#
 # Run from the repository root, with the Tile C++ cubins compiled beforehand (on the CPU
 # machine) into .cache/tilecpp and carried along:
-#   run(command="bash benchmarks/run_h200.sh", carry=[".cache/tilecpp"], timeout_s=600)
-#
-# $OUT gets 7 files: the six step logs (0-info ... 5-demo) and results.tar.gz, the whole of
-# benchmarks/results/ (per suite: JSON, CSV, markdown, PNG; plus the GPU test, info and demo
-# logs), which is what the repository commits.
+#   run(command="bash benchmarks/run_h200.sh tests deepseek", carry=[".cache/tilecpp"], timeout_s=600)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT="${OUT:-$PWD/out}"
-mkdir -p "$OUT" benchmarks/results
+LOGS="$PWD/device-logs"  # step logs; they travel back inside results.tar.gz ($OUT returns at most 8 files)
+mkdir -p "$OUT" "$LOGS" benchmarks/results
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export TILEGYM_CACHE_DIR="${TILEGYM_CACHE_DIR:-.cache/tilecpp}"
 PY="${PYTHON:-python3}"
 failed=()
+n=0
 
-# step NAME SECONDS COMMAND...: run with a time limit, tee into $OUT/NAME.log, remember failures.
+# step NAME SECONDS COMMAND...: run with a time limit, tee into $LOGS/NAME.log, remember failures.
 step() {
     local name=$1 limit=$2
     shift 2
     echo "=== $name (limit ${limit}s): $*"
     local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
     local rc=$?
-    echo "=== $name: exit $rc after $((SECONDS - start))s" | tee -a "$OUT/$name.log"
+    echo "=== $name: exit $rc after $((SECONDS - start))s" | tee -a "$LOGS/$name.log"
     [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
 }
 
-step 0-info 60 bash -c "nvidia-smi; $PY -m tilegym info; ls -la \"$TILEGYM_CACHE_DIR\" || true"
-step 1-gpu-tests 210 "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -rfEs -v tests
-step 2-bench-deepseek 150 "$PY" -m tilegym bench --suite deepseek --out-dir benchmarks/results/deepseek
-step 3-bench-amd-mixed-mla 120 "$PY" -m tilegym bench --suite amd-mixed-mla --out-dir benchmarks/results/amd-mixed-mla
-step 4-bench-deepseek-fp8 120 "$PY" -m tilegym bench --suite deepseek --kv-dtype fp8 --out-dir benchmarks/results/deepseek-fp8
-step 5-demo 120 "$PY" -m tilegym demo
-cp "$OUT/1-gpu-tests.log" benchmarks/results/gpu-tests-h200.log
-cp "$OUT/0-info.log" benchmarks/results/h200-info.log
-cp "$OUT/5-demo.log" benchmarks/results/demo-h200.log
+bench_step() {
+    local spec=$1 suite layout="dense" page=64 kv="" backends="" rest
+    rest=${spec%%@*}
+    [[ $spec == *@* ]] && backends=${spec#*@}
+    [[ $rest == *+fp8 ]] && kv="fp8" && rest=${rest%+fp8}
+    IFS=: read -r suite layout_given page_given <<<"$rest"
+    layout=${layout_given:-dense}
+    page=${page_given:-64}
+    local dir="$suite${kv:+-$kv}"
+    [ "$layout" = dense ] || dir="$dir-$layout$page"
+    local args=(--suite "$suite" --layout "$layout" --page-size "$page" --out-dir "benchmarks/results/$dir")
+    [ -n "$kv" ] && args+=(--kv-dtype "$kv")
+    [ -n "$backends" ] && args+=(--backends "$backends")
+    n=$((n + 1))
+    step "$n-bench-$dir" 300 "$PY" -m tilegym bench "${args[@]}"
+}
 
-tar czf "$OUT/results.tar.gz" benchmarks/results
+step 0-info 60 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; $PY -m tilegym info"
+for spec in "$@"; do
+    case $spec in
+    tests)
+        n=$((n + 1))
+        step "$n-gpu-tests" 330 "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -q -rfE tests
+        cp "$LOGS/$n-gpu-tests.log" benchmarks/results/gpu-tests-h200.log
+        ;;
+    demo)
+        n=$((n + 1))
+        step "$n-demo" 120 "$PY" -m tilegym demo
+        cp "$LOGS/$n-demo.log" benchmarks/results/demo-h200.log
+        ;;
+    *) bench_step "$spec" ;;
+    esac
+done
+cp "$LOGS/0-info.log" benchmarks/results/h200-info.log
+
+tar czf "$OUT/results.tar.gz" benchmarks/results device-logs
 echo
 echo "=== summary"
-grep -E "^(=+ .*(passed|failed|error|skipped).* =+|FAILED|ERROR)" "$OUT/1-gpu-tests.log" | tail -20
-for table in deepseek/mla_decoding_split_kv_deepseek_bf16 amd-mixed-mla/mla_decoding_split_kv_amd-mixed-mla_bf16 \
-    deepseek-fp8/mla_decoding_split_kv_deepseek_bf16-kvfp8; do
-    echo "--- $table"
-    grep -E "^\| (backend|[a-z]+ \|)" "benchmarks/results/$table.md" 2>/dev/null |
-        cut -d'|' -f2-7,10,12-14,17-19 || echo "no results"
+grep -hE "^(=+ .*(passed|failed|error|skipped).* =+|FAILED|ERROR)" "$LOGS"/*gpu-tests.log 2>/dev/null | tail -30
+for table in "$LOGS"/*-bench-*.log; do
+    [ -e "$table" ] || continue
+    echo "--- $(basename "$table" .log)"
+    grep -E "^\| [a-z@0-9]+ \|" "$table" | cut -d'|' -f2-9,12-13,15-18,21 || echo "no results"
 done
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "failed steps: ${failed[*]}"
