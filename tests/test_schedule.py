@@ -72,10 +72,10 @@ def test_a_fixed_split_length_cuts_every_row_alike() -> None:
 
 def test_refresh_follows_lengths_in_place() -> None:
     schedule = build([10, 20], 64, programs=4)
-    buffers = [t.data_ptr() for t in (schedule.lens, schedule.cum_blocks, schedule.work_row)]
+    buffers = [t.data_ptr() for t in (schedule.lens, schedule.cum_blocks, schedule.piece_rows)]
     schedule._call.kv_lens.copy_(torch.tensor([64, 0], dtype=torch.int32))
     schedule.refresh()
-    assert buffers == [t.data_ptr() for t in (schedule.lens, schedule.cum_blocks, schedule.work_row)]
+    assert buffers == [t.data_ptr() for t in (schedule.lens, schedule.cum_blocks, schedule.piece_rows)]
     assert schedule.lens.tolist() == [64, 0]
     check_cover(schedule, [64, 0], 16)
 

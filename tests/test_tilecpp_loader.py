@@ -230,26 +230,31 @@ def test_supports_reasons_for_unsupported_inputs() -> None:
     assert any("16-byte boundaries" in r for r in tilecpp_mla.supports(call))
 
 
-def test_layout_kind_picks_one_page_id_per_step_when_pages_hold_a_step() -> None:
+def test_layout_kind_and_config_follow_the_page_size() -> None:
+    m = tilecpp_mla
     x = make_mla_inputs(2, 16, 128, kv_lens=[128, 3])
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe)
-    assert tilecpp_mla.layout_kind(call, tilecpp_mla.SMALL_HEADS) == tilecpp_mla.DENSE_ROWS
-    for page_size, kind in (
-        (64, tilecpp_mla.PAGE_PER_STEP),
-        (128, tilecpp_mla.PAGE_PER_STEP),
-        (16, tilecpp_mla.GATHERED_PAGES),
-    ):
+    assert m.layout_kind(call, m.choose_config(call)) == m.DENSE_ROWS
+    expected = {64: m.PAGE_PER_STEP, 128: m.PAGE_PER_STEP, 16: m.PAGED_ROWS[16], 1: m.PAGED_ROWS[1], 4: None}
+    for page_size, kind in expected.items():
         pages = to_pages(x, page_size)
-        call = validate_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("paged"))
-        assert tilecpp_mla.layout_kind(call, tilecpp_mla.SMALL_HEADS) == kind
-    pages = to_pages(x, 64)
-    call = validate_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("ragged"))
-    assert tilecpp_mla.layout_kind(call, tilecpp_mla.MANY_HEADS) == tilecpp_mla.GATHERED_PAGES  # 64 < 128 tokens
+        for layout in ("paged", "ragged"):
+            call = validate_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs(layout))
+            assert m.choose_config(call) is m.SMALL_HEADS
+            assert m.layout_kind(call, m.SMALL_HEADS) == kind, (page_size, layout)
+    assert any("page sizes 1, 16, 32 and multiples of 64, got 4" in r for r in m.supports(call))
+    many = make_mla_inputs(2, 128, 128, kv_lens=[128, 3])
+    pages = to_pages(many, 64)
+    call = validate_mla_decoding(many.q, many.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("paged"))
+    assert m.choose_config(call) is m.MANY_HEADS_PAGED and m.layout_kind(call, m.MANY_HEADS_PAGED) == m.PAGE_PER_STEP
 
 
-def test_every_layout_and_config_has_a_kernel_variant() -> None:
-    names = {k.instance_name for k in tilecpp_mla.all_kernels()}
-    assert len(names) == len(tilecpp_mla.DTYPES) * (len(tilecpp_mla.CONFIGS) * len(tilecpp_mla.LAYOUT_KINDS) + 1)
+def test_every_config_has_a_kernel_for_each_of_its_layouts() -> None:
+    m = tilecpp_mla
+    names = {k.instance_name for k in m.all_kernels()}
+    per_dtype = sum(len(m.layout_kinds(c)) for c in m.CONFIGS) + 1  # + the combine
+    assert len(names) == len(m.DTYPES) * per_dtype
+    assert all(len(m.layout_kinds(c)) >= 2 for c in m.CONFIGS)
 
 
 def test_combine_grid_limit_depends_on_the_tile_the_split_count_picks() -> None:

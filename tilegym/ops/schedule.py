@@ -3,19 +3,20 @@
 Work is counted in blocks of ``block_n`` tokens. Row b has ``blocks[b] = cdiv(len[b], block_n)``
 blocks; laid end to end, the rows' blocks form one line of ``total`` blocks. The line is cut
 into ``programs`` equal pieces of ``per = cdiv(total, programs)`` blocks (at least
-``min_blocks``), so every piece costs the same whatever the lengths. Where a piece meets a
-row, that (piece p, row b) overlap is a *segment*: one CTA of the split kernel computes it.
+``min_blocks``), so every piece costs the same whatever the lengths. One program (a
+persistent CTA: ``programs`` is one wave) computes one piece, walking the rows it meets,
+``first_row[p]`` to ``last_row[p]``; where piece p meets row b, that overlap is a *segment*.
 
 Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never
 covers an earlier row) and at most ``programs + batch - 2``; the slots of row b are the
 consecutive range ``[cum[b] // per + b, (cum[b + 1] - 1) // per + b]``. A row covered by a
-single segment is written straight to the output by its CTA; the combine merges the
-others and writes zeros / lse -inf for empty rows.
+single segment is written straight to the output; the combine merges the others and writes
+zeros / lse -inf for empty rows.
 
 Everything is built with torch ops on the device from ``kv_lens``: no host synchronisation,
 capturable in a CUDA graph, and ``refresh`` recomputes it in place (same buffers) when the
 lengths change. The kernels read ``lens``, ``cum_blocks``, ``blocks_per_program`` and
-``work_row``; the per-slot segment bounds follow from them in a few integer operations.
+``piece_rows`` ([2, programs]: first and last row of each piece; last < first when empty).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class ScheduleShape:
 
     @property
     def slots(self) -> int:
-        """Work slots (CTAs per head group): every (piece, row) overlap has one."""
+        """Work slots: every (piece, row) overlap has one (its partial output, when it needs one)."""
         return self.programs + self.batch - 1
 
 
@@ -87,9 +88,8 @@ class SplitSchedule:
         self.lens = torch.empty(shape.batch, dtype=torch.int32, device=device)
         self.cum_blocks = torch.zeros(shape.batch + 1, dtype=torch.int32, device=device)
         self.blocks_per_program = torch.empty(1, dtype=torch.int32, device=device)
-        self.work_row = torch.empty(shape.slots, dtype=torch.int32, device=device)
-        self._slot_ids = torch.arange(shape.slots, dtype=torch.int32, device=device)
-        self._row_ids = torch.arange(shape.batch, dtype=torch.int32, device=device)
+        self.piece_rows = torch.empty((2, shape.programs), dtype=torch.int32, device=device)
+        self._piece_ids = torch.arange(shape.programs, dtype=torch.int32, device=device)
         self.refresh()
 
     def refresh(self) -> None:
@@ -109,9 +109,14 @@ class SplitSchedule:
         else:
             per = torch.div(self.cum_blocks[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
             torch.clamp(per, min=shape.min_blocks, out=self.blocks_per_program)
-        first_slot = torch.div(self.cum_blocks[:-1], self.blocks_per_program, rounding_mode="floor") + self._row_ids
-        rows = torch.searchsorted(first_slot, self._slot_ids, right=True, out_int32=True) - 1
-        torch.clamp(rows, 0, shape.batch - 1, out=self.work_row)
+        total = self.cum_blocks[-1:]
+        starts = self._piece_ids * self.blocks_per_program
+        ends = torch.minimum(starts + self.blocks_per_program, total)
+        first = torch.searchsorted(self.cum_blocks, starts, right=True, out_int32=True) - 1
+        last = torch.searchsorted(self.cum_blocks, ends - 1, right=True, out_int32=True) - 1
+        torch.clamp(first, 0, shape.batch - 1, out=self.piece_rows[0])
+        empty = starts >= total
+        torch.where(empty, self.piece_rows[0] - 1, last.clamp(0, shape.batch - 1), out=self.piece_rows[1])
 
 
 def layout_code(layout: str) -> int:
@@ -120,17 +125,17 @@ def layout_code(layout: str) -> int:
 
 
 def segments_on_host(schedule: SplitSchedule) -> list[tuple[int, int, int, int]]:
-    """(slot, row, first block, end block) of every non-empty segment, read back to the host.
+    """(slot, row, first block, end block) of every non-empty segment, in the kernels' walk order.
 
-    For tests and for the torch backend's mirror of the GPU schedule; syncs with the device.
+    Reads the schedule back to the host (a sync): for tests.
     """
     cum = schedule.cum_blocks.cpu().tolist()
     per = int(schedule.blocks_per_program.cpu())
-    rows = schedule.work_row.cpu().tolist()
+    first, last = schedule.piece_rows.cpu().tolist()
     found = []
-    for slot, row in enumerate(rows):
-        piece = slot - row
-        lo, hi = max(piece * per, cum[row]), min(piece * per + per, cum[row + 1])
-        if lo < hi:
-            found.append((slot, row, lo - cum[row], hi - cum[row]))
+    for piece in range(schedule.shape.programs):
+        for row in range(first[piece], last[piece] + 1):
+            lo, hi = max(piece * per, cum[row]), min(piece * per + per, cum[row + 1])
+            if lo < hi:
+                found.append((piece + row, row, lo - cum[row], hi - cum[row]))
     return found

@@ -1,14 +1,14 @@
-// MLA decoding over a split schedule: one program = (work slot, query-row group).
+// MLA decoding over a split schedule: one program = (piece, query-row group), one wave in all.
 //
-// The schedule (tilegym/ops/schedule.py) cuts the step's KV blocks into equal pieces; work slot
-// `slot` is the overlap of piece `slot - b` with batch row b = work_row[slot]. The program attends
-// BLOCK_H query rows (new token x head pairs, r = token * heads + head) of row b to that row's
-// KV blocks [lo, hi), BLOCK_N tokens per step. It loads a [BLOCK_N, 512] latent tile and a
+// The schedule (tilegym/ops/schedule.py) cuts the step's KV blocks into equal pieces; the program
+// of piece p walks the rows it meets (piece_rows[0][p] .. piece_rows[1][p]) and, for each, attends
+// BLOCK_H query rows (new token x head pairs, r = token * heads + head) of row b to the row's KV
+// blocks [lo, hi) inside the piece, BLOCK_N tokens per step. It loads a [BLOCK_N, 512] latent tile and a
 // [BLOCK_N, 64] rope tile ONCE per step and uses them for all BLOCK_H rows: as K for the scores
 // (S^T[N, H] = kv[N, 512] . q^T[512, H] + kpe[N, 64] . qpe^T[64, H]) and as V for the output
 // (acc^T[512, H] += kv^T[512, N] . P^T[N, H]), with an online (exp2) softmax in float32.
 // A segment that is the whole row writes the final output (dtype T) and lse; the others write a
-// float32 partial output and natural-log lse to their slot, merged by mla_decode_combine.cuh.
+// float32 partial output and natural-log lse to work slot p + b, merged by mla_decoding_combine.cuh.
 //
 // LAYOUT: 0 dense rows (kv[b, t]); 1 pages of at least BLOCK_N tokens (one page id per step, the
 // tile is contiguous like a dense one); 2 smaller pages (one page id per token, gathered rows).
@@ -18,10 +18,11 @@
 // < L - q_len + 1 + i.
 // OCCUPANCY is the compiler hint for CTAs per SM.
 //
-// Memory traffic per program (bf16/fp16, D = 512, P = 64, L = tokens of its segment):
-//   reads  L * 576 * 2 B of KV (once, whatever BLOCK_H) + BLOCK_H * 576 * 2 B of queries
-//          (+ one 4-byte page id per step or per token with pages),
-//   writes BLOCK_H * 512 * 4 B of partial output + BLOCK_H * 4 B of lse (whole row: * 2 B, final).
+// Memory traffic per program (bf16/fp16, D = 512, P = 64, L = tokens of its piece):
+//   reads  L * 576 * 2 B of KV (once, whatever BLOCK_H), and per row met BLOCK_H * 576 * 2 B of
+//          queries (+ one 4-byte page id per step or per token with pages),
+//   writes per row met BLOCK_H * 512 * 4 B of partial output + BLOCK_H * 4 B of lse (a whole
+//          row: BLOCK_H * 512 * 2 B, final).
 // Whole launch with one query-row group: the cache of the tokens present, once.
 //
 // Sizes, strides, lengths and the schedule are runtime arguments; only the dtype, the tile shape
@@ -31,15 +32,40 @@
 
 #include "common.cuh"
 
-template <typename T, int BLOCK_H, int BLOCK_N, int OCCUPANCY, int LAYOUT>
+namespace tilegym {
+
+// Rows [pos0, pos0 + N) of one batch row whose pages (PAGE tokens each) are listed at table_row,
+// as one [N, W] tile: one scalar page id and one strided load per page, concatenated, so every
+// load stays a plain strided tile (the tile compiler turns those into async copies that feed
+// wgmma; a per-token gathered tile does not). Positions at or past len read nothing.
+template <int N, int PAGE, int W, typename T>
+__tile__ auto load_paged_rows(const T* base, const int* table_row, int pos0, int len, int num_pages, long long s0,
+                              long long s1) {
+  namespace ct = cuda::tiles;
+  if constexpr (N == PAGE) {
+    int page = pos0 < len ? table_row[pos0 / PAGE] : 0;
+    page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+    auto n = ct::reshape(ct::iota<ct::tile<int, ct::shape<PAGE>>>(), ct::shape<PAGE, 1>{});
+    auto w = ct::reshape(ct::iota<ct::tile<int, ct::shape<W>>>(), ct::shape<1, W>{});
+    return ct::load_masked(base + page * s0 + (n * (int)s1 + w), (n + pos0) < len, T(0));
+  } else {
+    return ct::cat(load_paged_rows<N / 2, PAGE, W>(base, table_row, pos0, len, num_pages, s0, s1),
+                   load_paged_rows<N / 2, PAGE, W>(base, table_row, pos0 + N / 2, len, num_pages, s0, s1),
+                   ct::integral_constant<0>{});
+  }
+}
+
+}  // namespace tilegym
+
+template <typename T, int BLOCK_H, int BLOCK_N, int OCCUPANCY, int LAYOUT, int PAGE_SIZE>
 [[using cutile: hint(0, occupancy = OCCUPANCY)]]
 __tile_global__ void mla_decode_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const T* __restrict__ kv, const T* __restrict__ kpe,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
-    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ work_row,
+    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int page_size, int num_pages, int num_indices,
-    int ragged, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb, long long qpe_sq, long long qpe_sh,
+    int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb, long long qpe_sq, long long qpe_sh,
     long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1, long long table_sb, float qk_scale_log2) {
   namespace ct = cuda::tiles;
   constexpr int D = 512;  // latent width: K's first D columns and all of V
@@ -68,20 +94,12 @@ __tile_global__ void mla_decode_split_kernel(
   kpe_s0 = ct::assume_divisible<8>(kpe_s0);
   kpe_s1 = ct::assume_divisible<8>(kpe_s1);
 
-  const int slot = ct::bid().x;
+  const int piece = ct::bid().x;
   const int r0 = ct::bid().y * BLOCK_H;
-  const int b = work_row[slot];
   const int per = blocks_per_program[0];
-  const int row_begin = cum_blocks[b];
-  const int row_end = cum_blocks[b + 1];
-  const int piece_begin = (slot - b) * per;
-  const int lo = piece_begin > row_begin ? piece_begin : row_begin;
-  const int hi = piece_begin + per < row_end ? piece_begin + per : row_end;
-  if (lo >= hi) {
-    return;  // an unused slot: no segment of any row lands here
-  }
-  const bool whole = lo == row_begin && hi == row_end;
-  const int len = lens[b];
+  const int start = piece * per;
+  const int first_row = piece_rows[piece];
+  const int last_row = piece_rows[num_pieces + piece];
 
   auto r = ct::iota<i32_H>() + r0;
   auto r_ok = r < query_rows;
@@ -92,89 +110,96 @@ __tile_global__ void mla_decode_split_kernel(
   auto p_row = ct::reshape(ct::iota<i32_P>(), ct::shape<1, P>{});
   auto n_col = ct::reshape(ct::iota<i32_N>(), ct::shape<BLOCK_N, 1>{});
 
-  // Query rows stay inside one batch row: their offsets are small int32.
-  auto q_rows = ct::reshape(token * (int)q_sq + head * (int)q_sh, ct::shape<BLOCK_H, 1>{});
-  auto qpe_rows = ct::reshape(token * (int)qpe_sq + head * (int)qpe_sh, ct::shape<BLOCK_H, 1>{});
-  auto q_dh = ct::transpose(ct::load_masked(q + b * q_sb + (q_rows + d_row), r_ok_col, T(0)));
-  auto qpe_ph = ct::transpose(ct::load_masked(qpe + b * qpe_sb + (qpe_rows + p_row), r_ok_col, T(0)));
+  for (int b : ct::irange(first_row, last_row + 1)) {
+    const int row_begin = cum_blocks[b];
+    const int row_end = cum_blocks[b + 1];
+    const int lo = start > row_begin ? start : row_begin;
+    const int hi = start + per < row_end ? start + per : row_end;
+    if (lo < hi) {
+      const bool whole = lo == row_begin && hi == row_end;
+      const int slot = piece + b;
+      const int len = lens[b];
+      // Query rows stay inside one batch row: their offsets are small int32.
+      auto q_rows = ct::reshape(token * (int)q_sq + head * (int)q_sh, ct::shape<BLOCK_H, 1>{});
+      auto qpe_rows = ct::reshape(token * (int)qpe_sq + head * (int)qpe_sh, ct::shape<BLOCK_H, 1>{});
+      auto q_dh = ct::transpose(ct::load_masked(q + b * q_sb + (q_rows + d_row), r_ok_col, T(0)));
+      auto qpe_ph = ct::transpose(ct::load_masked(qpe + b * qpe_sb + (qpe_rows + p_row), r_ok_col, T(0)));
 
-  // Causal MTP: the last position each query row may see (exclusive), as a [1, BLOCK_H] row.
-  auto limit_h = causal ? (token + (len - q_len + 1)) : ct::full<i32_H>(len);
-  auto limit = ct::reshape(limit_h, ct::shape<1, BLOCK_H>{});
+      // Causal MTP: the last position each query row may see (exclusive), as a [1, BLOCK_H] row.
+      auto limit_h = causal ? (token + (len - q_len + 1)) : ct::full<i32_H>(len);
+      auto limit = ct::reshape(limit_h, ct::shape<1, BLOCK_H>{});
 
-  const int* table_row = table;
-  if (LAYOUT != 0) {
-    if (ragged) {
-      int start = indptr[b];
-      start = start < 0 ? 0 : (start > num_indices ? num_indices : start);
-      table_row = table + start;
-    } else {
-      table_row = table + b * table_sb;
+      const int* table_row = table;
+      if (LAYOUT != 0) {
+        if (ragged) {
+          int start = indptr[b];
+          start = start < 0 ? 0 : (start > num_indices ? num_indices : start);
+          table_row = table + start;
+        } else {
+          table_row = table + b * table_sb;
+        }
+      }
+
+      auto m = ct::full<f32_1H>(-INFINITY);  // running max of the log2-scaled scores
+      auto l = ct::zeros<f32_1H>();           // running sum of exp2(score - m)
+      auto acc = ct::zeros<f32_DH>();         // running unnormalised output, transposed
+
+      // Offsets inside one contiguous [BLOCK_N, *] step stay small (int32); the step's base pointer
+      // carries the 64-bit row, page and token offsets.
+      auto kv_offs = n_col * (int)kv_s1 + d_row;
+      auto kpe_offs = n_col * (int)kpe_s1 + p_row;
+      for (int blk : ct::irange(lo - row_begin, hi - row_begin)) {
+        const int pos0 = blk * BLOCK_N;
+        auto pos = n_col + pos0;
+        auto row_ok = pos < len;
+        ct::tile<T, ct::shape<BLOCK_N, D>> kv_t;
+        ct::tile<T, ct::shape<BLOCK_N, P>> kpe_t;
+        if constexpr (LAYOUT == 0) {
+          kv_t = ct::load_masked(kv + b * kv_s0 + pos0 * kv_s1 + kv_offs, row_ok, T(0));
+          kpe_t = ct::load_masked(kpe + b * kpe_s0 + pos0 * kpe_s1 + kpe_offs, row_ok, T(0));
+        } else if constexpr (LAYOUT == 1) {
+          int page = table_row[pos0 / page_size];
+          page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+          const long long slot0 = pos0 % page_size;
+          kv_t = ct::load_masked(kv + page * kv_s0 + slot0 * kv_s1 + kv_offs, row_ok, T(0));
+          kpe_t = ct::load_masked(kpe + page * kpe_s0 + slot0 * kpe_s1 + kpe_offs, row_ok, T(0));
+        } else {
+          // Pages smaller than a step (PAGE_SIZE tokens, a template argument): one page id and one
+          // strided load per page.
+          kv_t = tilegym::load_paged_rows<BLOCK_N, PAGE_SIZE, D>(kv, table_row, pos0, len, num_pages, kv_s0, kv_s1);
+          kpe_t = tilegym::load_paged_rows<BLOCK_N, PAGE_SIZE, P>(kpe, table_row, pos0, len, num_pages, kpe_s0, kpe_s1);
+        }
+        auto s = ct::mma(kpe_t, qpe_ph, ct::mma(kv_t, q_dh, ct::zeros<f32_NH>()));
+        s = ct::select(pos < limit, s * qk_scale_log2, ct::full<f32_NH>(-INFINITY));
+        auto m_new = ct::max(m, ct::reduce_max(s, ct::integral_constant<0>{}));
+        // A query row that sees no token of this step (causal MTP) keeps m = -inf: shift by 0 then.
+        auto m_safe = ct::select(m_new == -INFINITY, ct::zeros<f32_1H>(), m_new);
+        auto p = ct::exp2(s - m_safe);
+        auto alpha = ct::exp2(m - m_safe);
+        l = l * alpha + ct::sum(p, ct::integral_constant<0>{});
+        acc = ct::mma(ct::transpose(kv_t), ct::element_cast<T>(p), acc * alpha);
+        m = m_new;
+      }
+
+      // A query row that saw no token writes zeros and lse = -inf (the combine ignores it).
+      auto nonempty = l > 0.0f;
+      auto out_dh = acc / ct::select(nonempty, l, ct::full<f32_1H>(1.0f));
+      auto lse = ct::select(nonempty, (m + ct::log2(l)) * tilegym::kLn2, ct::full<f32_1H>(-INFINITY));
+      auto r_col = ct::reshape(r, ct::shape<BLOCK_H, 1>{});
+      if (whole) {
+        // out [B, Q, H, D] and lse [B, Q, H], contiguous: query row r of batch row b is b * query_rows + r.
+        T* out_base = out + (long long)b * query_rows * D;
+        ct::store_masked(out_base + (r_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), r_ok_col);
+        if (write_lse) {
+          ct::store_masked(out_lse + (long long)b * query_rows + ct::reshape(r, ct::shape<1, BLOCK_H>{}), lse,
+                           ct::reshape(r_ok, ct::shape<1, BLOCK_H>{}));
+        }
+      } else {
+        // part_out [slots, query_rows, D] and part_lse [slots, query_rows], contiguous.
+        float* part_base = part_out + (long long)slot * query_rows * D;
+        ct::store_masked(part_base + (r_col * D + d_row), ct::transpose(out_dh), r_ok_col);
+        ct::store_masked(part_lse + (long long)slot * query_rows + r, ct::reshape(lse, ct::shape<BLOCK_H>{}), r_ok);
+      }
     }
-  }
-
-  auto m = ct::full<f32_1H>(-INFINITY);  // running max of the log2-scaled scores
-  auto l = ct::zeros<f32_1H>();           // running sum of exp2(score - m)
-  auto acc = ct::zeros<f32_DH>();         // running unnormalised output, transposed
-
-  // Offsets inside one contiguous [BLOCK_N, *] step stay small (int32); the step's base pointer
-  // carries the 64-bit row, page and token offsets.
-  auto kv_offs = n_col * (int)kv_s1 + d_row;
-  auto kpe_offs = n_col * (int)kpe_s1 + p_row;
-  for (int blk : ct::irange(lo - row_begin, hi - row_begin)) {
-    const int pos0 = blk * BLOCK_N;
-    auto pos = n_col + pos0;
-    auto row_ok = pos < len;
-    ct::tile<T, ct::shape<BLOCK_N, D>> kv_t;
-    ct::tile<T, ct::shape<BLOCK_N, P>> kpe_t;
-    if constexpr (LAYOUT == 0) {
-      kv_t = ct::load_masked(kv + b * kv_s0 + pos0 * kv_s1 + kv_offs, row_ok, T(0));
-      kpe_t = ct::load_masked(kpe + b * kpe_s0 + pos0 * kpe_s1 + kpe_offs, row_ok, T(0));
-    } else if constexpr (LAYOUT == 1) {
-      int page = table_row[pos0 / page_size];
-      page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
-      const long long slot0 = pos0 % page_size;
-      kv_t = ct::load_masked(kv + page * kv_s0 + slot0 * kv_s1 + kv_offs, row_ok, T(0));
-      kpe_t = ct::load_masked(kpe + page * kpe_s0 + slot0 * kpe_s1 + kpe_offs, row_ok, T(0));
-    } else {
-      auto page = ct::load_masked(table_row + pos / ct::full<ct::tile<int, ct::shape<BLOCK_N, 1>>>(page_size), row_ok, 0);
-      page = ct::select(page < 0, ct::zeros<ct::tile<int, ct::shape<BLOCK_N, 1>>>(), page);
-      page = ct::select(page >= num_pages, ct::full<ct::tile<int, ct::shape<BLOCK_N, 1>>>(num_pages - 1), page);
-      auto in_page = pos - (pos / ct::full<ct::tile<int, ct::shape<BLOCK_N, 1>>>(page_size)) * page_size;
-      auto kv_rows = ct::element_cast<long long>(page) * kv_s0 + ct::element_cast<long long>(in_page) * kv_s1;
-      auto kpe_rows = ct::element_cast<long long>(page) * kpe_s0 + ct::element_cast<long long>(in_page) * kpe_s1;
-      kv_t = ct::load_masked(kv + (kv_rows + ct::element_cast<long long>(d_row)), row_ok, T(0));
-      kpe_t = ct::load_masked(kpe + (kpe_rows + ct::element_cast<long long>(p_row)), row_ok, T(0));
-    }
-    auto s = ct::mma(kpe_t, qpe_ph, ct::mma(kv_t, q_dh, ct::zeros<f32_NH>()));
-    s = ct::select(pos < limit, s * qk_scale_log2, ct::full<f32_NH>(-INFINITY));
-    auto m_new = ct::max(m, ct::reduce_max(s, ct::integral_constant<0>{}));
-    // A query row that sees no token of this step (causal MTP) keeps m = -inf: shift by 0 then.
-    auto m_safe = ct::select(m_new == -INFINITY, ct::zeros<f32_1H>(), m_new);
-    auto p = ct::exp2(s - m_safe);
-    auto alpha = ct::exp2(m - m_safe);
-    l = l * alpha + ct::sum(p, ct::integral_constant<0>{});
-    acc = ct::mma(ct::transpose(kv_t), ct::element_cast<T>(p), acc * alpha);
-    m = m_new;
-  }
-
-  // A query row that saw no token writes zeros and lse = -inf (the combine ignores it).
-  auto nonempty = l > 0.0f;
-  auto out_dh = acc / ct::select(nonempty, l, ct::full<f32_1H>(1.0f));
-  auto lse = ct::select(nonempty, (m + ct::log2(l)) * tilegym::kLn2, ct::full<f32_1H>(-INFINITY));
-  auto r_col = ct::reshape(r, ct::shape<BLOCK_H, 1>{});
-  if (whole) {
-    // out [B, Q, H, D] and lse [B, Q, H], contiguous: query row r of batch row b is b * query_rows + r.
-    T* out_base = out + (long long)b * query_rows * D;
-    ct::store_masked(out_base + (r_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), r_ok_col);
-    if (write_lse) {
-      ct::store_masked(out_lse + (long long)b * query_rows + ct::reshape(r, ct::shape<1, BLOCK_H>{}), lse,
-                       ct::reshape(r_ok, ct::shape<1, BLOCK_H>{}));
-    }
-  } else {
-    // part_out [slots, query_rows, D] and part_lse [slots, query_rows], contiguous.
-    float* part_base = part_out + (long long)slot * query_rows * D;
-    ct::store_masked(part_base + (r_col * D + d_row), ct::transpose(out_dh), r_ok_col);
-    ct::store_masked(part_lse + (long long)slot * query_rows + r, ct::reshape(lse, ct::shape<BLOCK_H>{}), r_ok);
   }
 }

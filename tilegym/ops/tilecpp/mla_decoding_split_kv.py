@@ -1,12 +1,14 @@
 """Launcher of the Tile C++ MLA decode over a split schedule, and its plan.
 
-Stage 1 (``mla_decoding_split_kv.cuh``) launches (work slots, query-row groups) programs, one
-per schedule segment (``tilegym.ops.schedule``); a segment that is a whole row writes the
-final output, the others float32 partials. Stage 2 (``mla_decoding_combine.cuh``) merges the
-rows split over several segments and zeroes empty rows. Variants: dtype (bf16, fp16) x tile
-config (query rows per program, tokens per step) x layout kind (dense rows, one page per
-step, gathered small pages); sizes, strides, lengths and the schedule are runtime
-arguments, so a new shape or batch never compiles anything.
+Stage 1 (``mla_decoding_split_kv.cuh``) launches (pieces, query-row groups) programs, one wave
+of persistent programs each walking one piece of the schedule (``tilegym.ops.schedule``); a
+segment that is a whole row writes the final output, the others float32 partials. Stage 2
+(``mla_decoding_combine.cuh``) merges the rows split over several segments and zeroes empty
+rows. Variants: dtype (bf16, fp16) x tile
+config (query rows per program, tokens per step) x layout kind (dense rows, pages holding a
+whole step, or smaller pages of 1, 16 or 32 tokens, one strided load each); sizes, strides,
+lengths and the schedule are runtime arguments, so a new shape or batch never compiles
+anything.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_INT32 = 2**31 - 1
 MAX_GRID_YZ = 65535
-DENSE_ROWS, PAGE_PER_STEP, GATHERED_PAGES = 0, 1, 2  # the kernel's LAYOUT template argument
-LAYOUT_KINDS = (DENSE_ROWS, PAGE_PER_STEP, GATHERED_PAGES)
+# Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
+LayoutKind = tuple[int, int]
+DENSE_ROWS: LayoutKind = (0, 0)
+PAGE_PER_STEP: LayoutKind = (1, 0)  # pages of at least a step: one page id per step
+SMALL_PAGE_SIZES = (1, 16, 32)  # smaller pages with a kernel variant: one load per page
+PAGED_ROWS: dict[int, LayoutKind] = {size: (2, size) for size in SMALL_PAGE_SIZES}
 COMBINE_TILE = (16, 64)  # (query rows, columns) per combine program
-SPLIT_PARAMS = (*("int",) * 9, *("long long",) * 11, "float")
+SPLIT_PARAMS = (*("int",) * 10, *("long long",) * 11, "float")
 COMBINE_PARAMS = ("const float*", "const float*", "const int*", "const int*")
 
 
@@ -53,15 +59,24 @@ class TileConfig:
 # per step. Each uses 150-190 KB of shared memory: one program per SM.
 SMALL_HEADS = TileConfig(16, 64, 1)
 MANY_HEADS = TileConfig(32, 128, 1)
-CONFIGS = (SMALL_HEADS, MANY_HEADS)
+MANY_HEADS_PAGED = TileConfig(32, 64, 1)  # pages under 128 tokens: 64-token steps (fewer per-page loads)
+CONFIGS = (SMALL_HEADS, MANY_HEADS, MANY_HEADS_PAGED)
+
+
+def layout_kinds(config: TileConfig) -> list[LayoutKind]:
+    """The layout kinds built for a config."""
+    if config is MANY_HEADS:
+        return [DENSE_ROWS, PAGE_PER_STEP]
+    kinds = [PAGE_PER_STEP, *(PAGED_ROWS[s] for s in SMALL_PAGE_SIZES if s < config.block_n)]
+    return kinds if config is MANY_HEADS_PAGED else [DENSE_ROWS, *kinds]
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, config: TileConfig, layout_kind: int) -> TileCppKernel:
+def split_kernel(dtype: torch.dtype, config: TileConfig, kind: LayoutKind) -> TileCppKernel:
     """The split kernel for ``dtype`` inputs, tile config ``config`` and a layout kind."""
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
-    template_args = (ctype, config.block_h, config.block_n, config.occupancy, layout_kind)
+    template_args = (ctype, config.block_h, config.block_n, config.occupancy, *kind)
     return TileCppKernel(HEADER, KERNEL, template_args, (*pointers, *SPLIT_PARAMS))
 
 
@@ -76,20 +91,26 @@ def combine_kernel(out_dtype: torch.dtype) -> TileCppKernel:
 
 def all_kernels() -> list[TileCppKernel]:
     """Every decode variant the library may launch."""
-    splits = [split_kernel(d, c, k) for d in DTYPES for c in CONFIGS for k in LAYOUT_KINDS]
+    splits = [split_kernel(d, c, k) for d in DTYPES for c in CONFIGS for k in layout_kinds(c)]
     return splits + [combine_kernel(d) for d in DTYPES]
 
 
-def choose_config(query_rows: int) -> TileConfig:
-    """16-row programs up to 16 query rows, else 32-row programs."""
-    return SMALL_HEADS if query_rows <= SMALL_HEADS.block_h else MANY_HEADS
+def choose_config(call: MLADecodeCall) -> TileConfig:
+    """16-row programs up to 16 query rows, else 32-row programs (64-token steps with pages under 128)."""
+    if call.query_rows <= SMALL_HEADS.block_h:
+        return SMALL_HEADS
+    if call.is_paged and call.page_size < MANY_HEADS.block_n:
+        return MANY_HEADS_PAGED
+    return MANY_HEADS
 
 
-def layout_kind(call: MLADecodeCall, config: TileConfig) -> int:
-    """Dense rows; pages holding a whole step (one id per step); or smaller pages (gathered)."""
+def layout_kind(call: MLADecodeCall, config: TileConfig) -> LayoutKind | None:
+    """Dense rows; pages holding a whole step (one id per step); smaller pages with a variant; else None."""
     if call.layout == DENSE:
         return DENSE_ROWS
-    return PAGE_PER_STEP if call.page_size >= config.block_n else GATHERED_PAGES
+    if call.page_size >= config.block_n:
+        return PAGE_PER_STEP
+    return PAGED_ROWS.get(call.page_size)
 
 
 def _alignment_reasons(call: MLADecodeCall) -> list[str]:
@@ -122,14 +143,18 @@ def supports(call: MLADecodeCall) -> list[str]:
         return ["tilecpp does not implement the fp8 KV cache (bf16/fp16 only)"]
     if (call.head_dim, call.rope_dim) != (HEAD_DIM, ROPE_DIM):
         return [f"tilecpp supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
-    config = choose_config(call.query_rows)
+    config = choose_config(call)
+    kind = layout_kind(call, config)
+    if kind is None:
+        sizes = ", ".join(map(str, SMALL_PAGE_SIZES))
+        return [f"tilecpp builds page sizes {sizes} and multiples of {config.block_n}, got {call.page_size}"]
     reasons = _alignment_reasons(call) + _offset_reasons(call, config)
     if cdiv(call.query_rows, config.block_h) > MAX_GRID_YZ:
         reasons.append(f"tilecpp launches Q*H/{config.block_h} query-row groups: at most {MAX_GRID_YZ}")
     if reasons:
         return reasons
     arch = device_arch(call.device)
-    kernels = [("split", split_kernel(call.q.dtype, config, layout_kind(call, config)))]
+    kernels = [("split", split_kernel(call.q.dtype, config, kind))]
     kernels.append(("combine", combine_kernel(call.q.dtype)))
     for stage, kernel in kernels:
         if not kernel.available(arch):
@@ -145,7 +170,7 @@ class TileCppDecodePlan:
 
     def __init__(self, call: MLADecodeCall, config: TileConfig | None = None) -> None:
         self.call = call
-        self.config = config = config or choose_config(call.query_rows)
+        self.config = config = config or choose_config(call)
         head_groups = cdiv(call.query_rows, config.block_h)
         shape = schedule_shape(
             call, block_n=config.block_n, programs_per_sm=config.occupancy, head_groups=head_groups, min_blocks=1
@@ -157,7 +182,7 @@ class TileCppDecodePlan:
         self.split = split_kernel(call.q.dtype, config, layout_kind(call, config))
         self.combine = combine_kernel(call.q.dtype)
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
-        self.split_grid = (shape.slots, head_groups, 1)
+        self.split_grid = (shape.programs, head_groups, 1)
         self.combine_grid = (HEAD_DIM // COMBINE_TILE[1], cdiv(rows, COMBINE_TILE[0]), call.batch)
         table = call.block_table if call.block_table is not None else call.kv_indices
         s = self.schedule
@@ -167,7 +192,7 @@ class TileCppDecodePlan:
             s.lens.data_ptr(),
             s.cum_blocks.data_ptr(),
             s.blocks_per_program.data_ptr(),
-            s.work_row.data_ptr(),
+            s.piece_rows.data_ptr(),
         )
         self._split_sizes = (
             call.heads,
@@ -179,6 +204,7 @@ class TileCppDecodePlan:
             call.num_pages if call.is_paged else 1,
             0 if call.kv_indices is None else call.kv_indices.numel(),
             int(call.kv_indptr is not None),
+            shape.programs,
             *call.q.stride()[:3],
             *call.qpe.stride()[:3],
             *call.kv.stride()[:2],

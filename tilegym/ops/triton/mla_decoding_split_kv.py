@@ -1,8 +1,9 @@
 """Triton MLA decode over a split schedule: the split kernel, its combine, and the plan that runs them.
 
-Split kernel, grid (work slots, query-row groups): each program computes one *segment* of
-the schedule (``tilegym.ops.schedule``): ``BLOCK_H`` query rows (new token x head pairs) of
-one batch row against that row's KV blocks ``[lo, hi)``, ``BLOCK_N`` tokens per step. Every
+Split kernel, grid (pieces, query-row groups): each program computes one *piece* of the
+schedule (``tilegym.ops.schedule``), one wave of persistent programs in all: for every row
+the piece meets, ``BLOCK_H`` query rows (new token x head pairs) of that batch row against
+the row's KV blocks in the piece, ``BLOCK_N`` tokens per step. Every
 KV tile (latent [BLOCK_N, D] + rope [BLOCK_N, P]) is loaded once and used for all BLOCK_H
 rows, first as K (scores) then, the same registers / shared memory, as V (output): the
 cache is read once per query-row group, never once per head and never twice for V.
@@ -136,13 +137,150 @@ def _mla_split_kernel(
     lens_ptr,
     cum_ptr,
     per_ptr,
-    work_row_ptr,
+    piece_rows_ptr,
     out_ptr,
     lse_ptr,
     part_out_ptr,
     part_lse_ptr,
     score_scale,
     num_heads,
+    q_len,
+    query_rows,
+    num_pages,
+    num_indices,
+    num_pieces,
+    stride_q_b,
+    stride_q_q,
+    stride_q_h,
+    stride_qpe_b,
+    stride_qpe_q,
+    stride_qpe_h,
+    stride_kv_0,
+    stride_kv_1,
+    stride_kpe_0,
+    stride_kpe_1,
+    stride_table_b,
+    HEAD_DIM: tl.constexpr,
+    ROPE_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    FP8_V_FP16: tl.constexpr,
+    FP8_ONE_TILE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    # Memory traffic per program: its piece of the step's KV blocks, (D + P) * sizeof(kv)
+    # bytes per token read once for all BLOCK_H query rows, plus per row it meets
+    # BLOCK_H * (D + P) * 2 bytes of queries, a few schedule integers (+ one page id per tile
+    # or token), and BLOCK_H * D * 4 bytes of partials + BLOCK_H * 4 of lse written (a whole
+    # row: BLOCK_H * D * 2 final bytes). Whole launch with one query-row group: the cache of
+    # the tokens present, once.
+    piece = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    per = tl.load(per_ptr)
+    start = piece * per
+    first_row = tl.load(piece_rows_ptr + piece)
+    last_row = tl.load(piece_rows_ptr + num_pieces + piece)
+
+    offs_r = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    r_mask = offs_r < query_rows
+    token = offs_r // num_heads
+    head = offs_r % num_heads
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_p = tl.arange(0, ROPE_DIM)
+    for b in range(first_row, last_row + 1):
+        row_begin = tl.load(cum_ptr + b)
+        row_end = tl.load(cum_ptr + b + 1)
+        lo = tl.maximum(start, row_begin)
+        hi = tl.minimum(start + per, row_end)
+        if lo < hi:
+            _attend_segment(
+                q_ptr,
+                qpe_ptr,
+                kv_ptr,
+                kpe_ptr,
+                kv_scale_ptr,
+                table_ptr,
+                indptr_ptr,
+                out_ptr,
+                lse_ptr,
+                part_out_ptr,
+                part_lse_ptr,
+                b,
+                piece + b,
+                lo - row_begin,
+                hi - row_begin,
+                (lo == row_begin) & (hi == row_end),
+                tl.load(lens_ptr + b),
+                offs_r,
+                r_mask,
+                token,
+                head,
+                offs_d,
+                offs_p,
+                score_scale,
+                q_len,
+                query_rows,
+                num_pages,
+                num_indices,
+                stride_q_b,
+                stride_q_q,
+                stride_q_h,
+                stride_qpe_b,
+                stride_qpe_q,
+                stride_qpe_h,
+                stride_kv_0,
+                stride_kv_1,
+                stride_kpe_0,
+                stride_kpe_1,
+                stride_table_b,
+                HEAD_DIM,
+                ROPE_DIM,
+                BLOCK_H,
+                BLOCK_N,
+                LAYOUT,
+                PAGE_SIZE,
+                NUM_STAGES,
+                CAUSAL,
+                IS_FP8,
+                FP8_V_FP16,
+                FP8_ONE_TILE,
+                WRITE_LSE,
+                DOT_F32,
+            )
+
+
+@triton.jit
+def _attend_segment(
+    q_ptr,
+    qpe_ptr,
+    kv_ptr,
+    kpe_ptr,
+    kv_scale_ptr,
+    table_ptr,
+    indptr_ptr,
+    out_ptr,
+    lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    b,
+    slot,
+    blk_lo,
+    blk_hi,
+    whole,
+    length,
+    offs_r,
+    r_mask,
+    token,
+    head,
+    offs_d,
+    offs_p,
+    score_scale,
     q_len,
     query_rows,
     num_pages,
@@ -172,32 +310,9 @@ def _mla_split_kernel(
     WRITE_LSE: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    # Memory traffic per program: reads L * (D + P) * sizeof(kv) bytes of cache for its
-    # segment of L tokens (once, for all BLOCK_H query rows), BLOCK_H * (D + P) * 2 bytes of
-    # queries and a few schedule integers (+ one page id per tile or token); writes
-    # BLOCK_H * D * 4 bytes of partials (+ BLOCK_H * 4 lse), or BLOCK_H * D * 2 final bytes.
-    # Whole launch with one query-row group: the cache of the tokens present, once.
-    slot = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    b = tl.load(work_row_ptr + slot)
-    per = tl.load(per_ptr)
-    row_begin = tl.load(cum_ptr + b)
-    row_end = tl.load(cum_ptr + b + 1)
-    piece = slot - b
-    lo = tl.maximum(piece * per, row_begin)
-    hi = tl.minimum(piece * per + per, row_end)
-    has_work = lo < hi
-    whole = (lo == row_begin) & (hi == row_end)
-    partial = (lo != row_begin) | (hi != row_end)
-    length = tl.load(lens_ptr + b)
-    b64 = b.to(tl.int64)
-
-    offs_r = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    r_mask = offs_r < query_rows
-    token = offs_r // num_heads
-    head = offs_r % num_heads
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_p = tl.arange(0, ROPE_DIM)
+    """Row b's blocks [blk_lo, blk_hi) for BLOCK_H query rows: the final output when the
+    segment is the whole row, else a float32 partial and lse in work slot ``slot``."""
+    b64 = b + tl.zeros([], tl.int64)  # the loop index may be a plain int under the interpreter
     q_rows = b64 * stride_q_b + token * stride_q_q + head * stride_q_h
     qpe_rows = b64 * stride_qpe_b + token * stride_qpe_q + head * stride_qpe_h
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=r_mask[:, None], other=0.0)
@@ -230,7 +345,7 @@ def _mla_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    for blk in tl.range(lo - row_begin, hi - row_begin, num_stages=NUM_STAGES):
+    for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
         n0 = blk * BLOCK_N
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < length
@@ -275,20 +390,19 @@ def _mla_split_kernel(
     safe_l = tl.where(nonempty, l_i, 1.0)
     out = acc / safe_l[:, None]
     lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
-    final_rows = b64 * query_rows + offs_r
-    # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
-    final_mask = offs_r < tl.where(has_work & whole, query_rows, 0)
-    tl.store(
-        out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        final_mask[:, None],
-    )
-    if WRITE_LSE:
-        tl.store(lse_ptr + final_rows, lse, final_mask)
-    part_rows = slot.to(tl.int64) * query_rows + offs_r
-    part_mask = offs_r < tl.where(has_work & partial, query_rows, 0)
-    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
-    tl.store(part_lse_ptr + part_rows, lse, part_mask)
+    if whole:
+        final_rows = b64 * query_rows + offs_r
+        tl.store(
+            out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=r_mask[:, None],
+        )
+        if WRITE_LSE:
+            tl.store(lse_ptr + final_rows, lse, mask=r_mask)
+    else:
+        part_rows = (slot + tl.zeros([], tl.int64)) * query_rows + offs_r
+        tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=r_mask[:, None])
+        tl.store(part_lse_ptr + part_rows, lse, mask=r_mask)
 
 
 @triton.jit
@@ -419,7 +533,7 @@ class TritonDecodePlan:
         dot_f32 = interpreting(device)
         self._split = KernelLauncher(
             _mla_split_kernel,
-            grid=(self.shape.slots, head_groups, 1),
+            grid=(self.shape.programs, head_groups, 1),
             constexprs={
                 "HEAD_DIM": call.head_dim,
                 "ROPE_DIM": call.rope_dim,
@@ -444,7 +558,7 @@ class TritonDecodePlan:
             self.schedule.lens,
             self.schedule.cum_blocks,
             self.schedule.blocks_per_program,
-            self.schedule.work_row,
+            self.schedule.piece_rows,
         )
         self._split_ints = (
             call.sm_scale * LOG2_E,
@@ -453,6 +567,7 @@ class TritonDecodePlan:
             rows,
             call.num_pages if call.is_paged else 1,
             call.kv_indices.numel() if call.kv_indices is not None else 0,
+            self.shape.programs,
             *call.q.stride()[:3],
             *call.qpe.stride()[:3],
             *call.kv.stride()[:2],
