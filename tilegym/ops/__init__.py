@@ -110,16 +110,26 @@ def mla_decoding_split_kv(
     if plan is not None:
         if backend is not None and backend != plan.backend:
             raise ValueError(f"backend={backend!r} differs from the plan's backend {plan.backend!r}")
-        plan.check_options(
-            sm_scale=sm_scale,
-            kv_len_per_split=kv_len_per_split,
-            kv_lens=kv_lens,
-            block_table=block_table,
-            kv_indptr=kv_indptr,
-            kv_indices=kv_indices,
-            causal=causal,
-            return_lse=return_lse,
-        )
+        if not (
+            sm_scale is None
+            and kv_len_per_split is None
+            and kv_lens is None
+            and block_table is None
+            and kv_indptr is None
+            and kv_indices is None
+            and causal is None
+            and return_lse is None
+        ):
+            plan.check_options(
+                sm_scale=sm_scale,
+                kv_len_per_split=kv_len_per_split,
+                kv_lens=kv_lens,
+                block_table=block_table,
+                kv_indptr=kv_indptr,
+                kv_indices=kv_indices,
+                causal=causal,
+                return_lse=return_lse,
+            )
         if torch.compiler.is_compiling():
             return _compiled_call(plan.call_arguments(q, qpe, kv, kpe, kv_scale, out, plan.backend))
         out, lse = plan.run(q, qpe, kv, kpe, kv_scale, out)

@@ -546,6 +546,31 @@ class _ParamBuffer:
         return self.address
 
 
+class BoundLaunch:
+    """One kernel's launch with its function handle, grid, block and shared memory fixed."""
+
+    def __init__(
+        self,
+        name: str,
+        handle: Any,
+        buffer: _ParamBuffer,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+    ) -> None:
+        self._name = name
+        self._handle = handle
+        self._buffer = buffer
+        self._dims = (*grid, *block, shared_mem)
+        self._cu_launch = _driver().cuLaunchKernel
+
+    def __call__(self, args: Sequence[Any], stream: int) -> None:
+        """Launch with ``args`` (in ``param_types`` order) on ``stream`` (a ``cudaStream_t`` address)."""
+        result = self._cu_launch(self._handle, *self._dims, stream, self._buffer.fill(args), 0)
+        if int(result[0]) != 0:
+            _check(result, f"cuLaunchKernel({self._name}, dims={self._dims})")
+
+
 @dataclass
 class _LoadedFunction:
     """A ``CUfunction`` and the dynamic shared memory it has been allowed so far."""
@@ -821,6 +846,23 @@ class CubinKernel:
                 call = f"cuFuncSetAttribute({self.instance_name}, MAX_DYNAMIC_SHARED_SIZE_BYTES={shared_mem})"
                 _check(drv.cuFuncSetAttribute(loaded.handle, attribute, shared_mem), call)
                 loaded.shared_limit = shared_mem
+
+    def bind(
+        self,
+        device_index: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int] = (1, 1, 1),
+        shared_mem: int = 0,
+    ) -> BoundLaunch:
+        """A launch of this kernel with a fixed grid, block and shared memory on the current context.
+
+        Loads the function now; each call of the result then only packs the arguments and calls
+        ``cuLaunchKernel`` (the fast path of a plan). Not thread-safe: one argument buffer.
+        """
+        loaded = self._loaded(device_index)
+        if shared_mem > loaded.shared_limit:
+            self._allow_shared_memory(loaded, shared_mem)
+        return BoundLaunch(self.instance_name, loaded.handle, _ParamBuffer(self.param_types), grid, block, shared_mem)
 
     def _launch(
         self,

@@ -70,6 +70,11 @@ def _key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
+def _byte_extent(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to one past its last (its strides are the plan's)."""
+    return (sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * t.element_size()
+
+
 class MLADecodePlan:
     """A planned ``mla_decoding_split_kv``: backend, configuration, schedule and workspace.
 
@@ -84,8 +89,13 @@ class MLADecodePlan:
         self.runner = runner
         q, qpe = (call.q[:, 0], call.qpe[:, 0]) if call.squeeze_q else (call.q, call.qpe)
         self._keys = (_key(q), _key(qpe), _key(call.kv), _key(call.kpe))
+        self._flat_key = sum(self._keys, ())
+        self._extents = tuple(_byte_extent(t) for t in (q, qpe, call.kv, call.kpe))
         self._out_shape = tuple(q.shape)
+        self._out_bytes = q.shape.numel() // call.rope_dim * call.head_dim * q.element_size()
         self._lse_shape = tuple(q.shape[:-1])
+        self._dtype, self._device = call.q.dtype, call.q.device
+        self._device_index = call.device.index if call.device.type == "cuda" else None
         self._fixed = {
             "kv_lens": call.kv_lens,
             "block_table": call.block_table,
@@ -220,10 +230,49 @@ class MLADecodePlan:
         kv_scale: torch.Tensor | float | None,
         out: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the planned launches on these tensors: (out, lse or None) in the caller's shapes."""
-        self.check_tensors(q, qpe, kv, kpe)
-        out = self.output(out, (q, qpe, kv, kpe))
-        scale = self.kv_scale_tensor(kv_scale)
-        lse = torch.empty(self._lse_shape, dtype=torch.float32, device=q.device) if self.call.return_lse else None
-        self.runner.run(q, qpe, kv, kpe, scale, out, lse)
+        """Run the planned launches on these tensors: (out, lse or None) in the caller's shapes.
+
+        The per-call checks are a handful of attribute reads: shapes, strides, dtypes and device
+        against the plan, gradients, and ``out`` (shape, dtype, contiguity, no overlap with an input).
+        """
+        try:
+            key = (
+                q.shape, q.stride(), q.dtype, q.device,
+                qpe.shape, qpe.stride(), qpe.dtype, qpe.device,
+                kv.shape, kv.stride(), kv.dtype, kv.device,
+                kpe.shape, kpe.stride(), kpe.dtype, kpe.device,
+            )  # fmt: skip
+        except AttributeError:
+            key = None
+        if key != self._flat_key:
+            self.check_tensors(q, qpe, kv, kpe)  # raises, naming the tensor
+        if torch.is_grad_enabled() and (q.requires_grad or qpe.requires_grad or kv.requires_grad or kpe.requires_grad):
+            self.check_tensors(q, qpe, kv, kpe)
+        out = self._fast_output(out, (q, qpe, kv, kpe))
+        scale = None if kv_scale is None and not self.call.is_fp8 else self.kv_scale_tensor(kv_scale)
+        lse = torch.empty(self._lse_shape, dtype=torch.float32, device=self._device) if self.call.return_lse else None
+        index = self._device_index
+        if index is not None and torch.cuda.current_device() != index:
+            with torch.cuda.device(index):
+                self.runner.run(q, qpe, kv, kpe, scale, out, lse)
+        else:
+            self.runner.run(q, qpe, kv, kpe, scale, out, lse)
         return out, lse
+
+    def _fast_output(self, out: torch.Tensor | None, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if out is None:
+            return torch.empty(self._out_shape, dtype=self._dtype, device=self._device)
+        if not (
+            isinstance(out, torch.Tensor)
+            and out.shape == self._out_shape
+            and out.dtype == self._dtype
+            and out.is_contiguous()
+            and not (out.requires_grad and torch.is_grad_enabled())
+        ):
+            return self.output(out, inputs)  # raises with the reason
+        begin, end = out.data_ptr(), out.data_ptr() + self._out_bytes
+        for t, extent in zip(inputs, self._extents, strict=True):
+            start = t.data_ptr()
+            if start < end and begin < start + extent:
+                return self.output(out, inputs)  # same bytes: the full check names the input
+        return out

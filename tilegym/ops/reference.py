@@ -8,7 +8,8 @@ on any device: it is the CPU default and the readable statement of the math.
 Garbage outside a row (positions at or past its length, pages it does not use) is zeroed
 before any arithmetic, so NaN or inf there never reaches the output; NaN inside a row's
 valid positions propagates to that row. Ragged page lists read their longest row on the
-host (one synchronisation); the other layouts never synchronise.
+host (one synchronisation; while a CUDA graph is captured they walk every page of the cache
+instead); the other layouts never synchronise.
 """
 
 from __future__ import annotations
@@ -87,13 +88,15 @@ class TorchDecodeRunner:
         c = self.call
         if c.layout == DENSE or c.layout == PAGED:
             return c.seq_len
+        if c.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return c.seq_len  # no sync while capturing: every page of the cache bounds a row
         return max(1, int(lens.max()))  # ragged: the longest row, read on the host
 
-    def _gather(self, cache: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Tokens ``positions`` [L] of every row as [B, L, width]; invalid ones are arbitrary pages."""
+    def _gather(self, cache: torch.Tensor, start: int, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Tokens ``positions`` = start.. of every row as [B, L, width]; invalid ones are arbitrary pages."""
         c = self.call
         if c.layout == DENSE:
-            return cache[:, positions[0] : positions[-1] + 1]
+            return cache[:, start : start + positions.numel()]
         ps = c.page_size
         page_col = positions // ps
         if c.layout == PAGED:
@@ -127,8 +130,8 @@ class TorchDecodeRunner:
         for start in range(0, capacity, self.chunk):
             positions = torch.arange(start, min(start + self.chunk, capacity), device=c.device)
             valid = positions[None, :] < lens[:, None]  # [B, L]
-            kv_chunk = _dequantized(self._gather(kv, positions, valid), kv_scale, valid)
-            kpe_chunk = _dequantized(self._gather(kpe, positions, valid), kv_scale, valid)
+            kv_chunk = _dequantized(self._gather(kv, start, positions, valid), kv_scale, valid)
+            kpe_chunk = _dequantized(self._gather(kpe, start, positions, valid), kv_scale, valid)
             visible = positions[None, None, :] < limit[:, :, None]  # [B, Q, L]
             chunk_out, chunk_lse = attend_chunk(q4, qpe4, kv_chunk, kpe_chunk, visible, c.sm_scale)
             outs.append(chunk_out)

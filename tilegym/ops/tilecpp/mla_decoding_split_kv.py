@@ -212,6 +212,7 @@ class TileCppDecodePlan:
             0 if call.block_table is None else call.block_table.stride(0),
             call.sm_scale * LOG2E,
         )
+        self._workspace = (self.part_out.data_ptr(), self.part_lse.data_ptr())
         self._combine_schedule = (
             self.part_out.data_ptr(),
             self.part_lse.data_ptr(),
@@ -219,6 +220,8 @@ class TileCppDecodePlan:
             s.blocks_per_program.data_ptr(),
         )
         self._combine_sizes = (rows, HEAD_DIM, int(call.return_lse))
+        self._launch_split = self.split.bind(self.device_index, self.split_grid)
+        self._launch_combine = self.combine.bind(self.device_index, self.combine_grid)
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -244,13 +247,11 @@ class TileCppDecodePlan:
             *self._split_schedule,
             out_ptr,
             lse_ptr,
-            self.part_out.data_ptr(),
-            self.part_lse.data_ptr(),
+            *self._workspace,
             *self._split_sizes,
         )
-        self.split.launch(self.split_grid, split_args, stream, self.device_index)
-        combine_args = (*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes)
-        self.combine.launch(self.combine_grid, combine_args, stream, self.device_index)
+        self._launch_split(split_args, stream)
+        self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
 
 
 def plan(call: MLADecodeCall) -> TileCppDecodePlan:
