@@ -32,12 +32,26 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _explain(argv: list[str]) -> int:
+    from tilegym.selection import explain_main
+
+    return explain_main(argv)
+
+
+def _selection_table(argv: list[str]) -> int:
+    from tilegym.selection import main as table_main
+
+    return table_main(argv)
+
+
 # Command -> (one-line summary, runner). Runners import lazily so `--help` stays instant.
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "info": ("show the device, its vendor, and which backend can run each op here (and why not)", _info),
     "demo": ("run the MLA decode op on every available backend: error vs float64 and time per call", _demo),
-    "precompile": ("build the Tile C++ cubins for a GPU arch ahead of time (needs nvcc, not a GPU)", _precompile),
+    "precompile": ("build the Tile C++ / CUDA C++ cubins for a GPU arch ahead of time (nvcc, no GPU)", _precompile),
     "bench": ("benchmark the backends against this machine's measured copy and matmul ceilings", _bench),
+    "explain": ("say which backend `auto` picks for a call shape, and the measured numbers behind it", _explain),
+    "selection-table": ("regenerate the per-arch dispatch table from benchmark JSON reports", _selection_table),
 }
 
 

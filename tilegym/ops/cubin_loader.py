@@ -546,6 +546,19 @@ class _ParamBuffer:
         return self.address
 
 
+@functools.cache
+def _libcuda_launch() -> Any | None:
+    """The driver's ``cuLaunchKernel`` through ctypes (a few times cheaper per call than the
+    cuda-bindings wrapper), or None when libcuda cannot be opened."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    except OSError:
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
 class BoundLaunch:
     """One kernel's launch with its function handle, grid, block and shared memory fixed."""
 
@@ -562,11 +575,17 @@ class BoundLaunch:
         self._handle = handle
         self._buffer = buffer
         self._dims = (*grid, *block, shared_mem)
+        self._raw = _libcuda_launch()
+        self._raw_handle = int(handle)
         self._cu_launch = _driver().cuLaunchKernel
 
     def __call__(self, args: Sequence[Any], stream: int) -> None:
         """Launch with ``args`` (in ``param_types`` order) on ``stream`` (a ``cudaStream_t`` address)."""
-        result = self._cu_launch(self._handle, *self._dims, stream, self._buffer.fill(args), 0)
+        params = self._buffer.fill(args)
+        if self._raw is not None:
+            if self._raw(self._raw_handle, *self._dims, stream, params, None) == 0:
+                return
+        result = self._cu_launch(self._handle, *self._dims, stream, params, 0)
         if int(result[0]) != 0:
             _check(result, f"cuLaunchKernel({self._name}, dims={self._dims})")
 

@@ -40,7 +40,11 @@ DENSE_ROWS: LayoutKind = (0, 0)
 PAGE_PER_STEP: LayoutKind = (1, 0)  # pages of at least a step: one page id per step
 SMALL_PAGE_SIZES = (1, 16, 32)  # smaller pages with a kernel variant: one load per page
 PAGED_ROWS: dict[int, LayoutKind] = {size: (2, size) for size in SMALL_PAGE_SIZES}
-COMBINE_TILE = (16, 64)  # (query rows, columns) per combine program
+# Combine tiles (query rows, slots per step, columns): many rows with few segments each, or one
+# row cut into many segments (one long request), chosen by the schedule's pieces per row.
+FEW_SEGMENTS_TILE = (16, 1, 64)
+MANY_SEGMENTS_TILE = (1, 16, 64)
+MANY_SEGMENTS_PER_ROW = 8
 SPLIT_PARAMS = (*("int",) * 10, *("long long",) * 11, "float")
 COMBINE_PARAMS = ("const float*", "const float*", "const int*", "const int*")
 
@@ -81,18 +85,21 @@ def split_kernel(dtype: torch.dtype, config: TileConfig, kind: LayoutKind) -> Ti
 
 
 @functools.cache
-def combine_kernel(out_dtype: torch.dtype) -> TileCppKernel:
-    """The combine kernel writing ``out_dtype``."""
+def combine_kernel(out_dtype: torch.dtype, tile: tuple[int, int, int]) -> TileCppKernel:
+    """The combine kernel writing ``out_dtype`` with a (rows, slots, columns) tile."""
     pointers = (*COMBINE_PARAMS, f"{C_TYPES[out_dtype]}*", "float*")
-    return TileCppKernel(
-        COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *COMBINE_TILE), (*pointers, "int", "int", "int")
-    )
+    return TileCppKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *tile), (*pointers, "int", "int", "int"))
+
+
+def combine_tile(programs: int, batch: int) -> tuple[int, int, int]:
+    """The many-segments tile when the schedule cuts a row into about 8 pieces or more."""
+    return MANY_SEGMENTS_TILE if programs >= MANY_SEGMENTS_PER_ROW * batch else FEW_SEGMENTS_TILE
 
 
 def all_kernels() -> list[TileCppKernel]:
     """Every decode variant the library may launch."""
     splits = [split_kernel(d, c, k) for d in DTYPES for c in CONFIGS for k in layout_kinds(c)]
-    return splits + [combine_kernel(d) for d in DTYPES]
+    return splits + [combine_kernel(d, t) for d in DTYPES for t in (FEW_SEGMENTS_TILE, MANY_SEGMENTS_TILE)]
 
 
 def choose_config(call: MLADecodeCall) -> TileConfig:
@@ -155,7 +162,7 @@ def supports(call: MLADecodeCall) -> list[str]:
         return reasons
     arch = device_arch(call.device)
     kernels = [("split", split_kernel(call.q.dtype, config, kind))]
-    kernels.append(("combine", combine_kernel(call.q.dtype)))
+    kernels += [("combine", combine_kernel(call.q.dtype, t)) for t in (FEW_SEGMENTS_TILE, MANY_SEGMENTS_TILE)]
     for stage, kernel in kernels:
         if not kernel.available(arch):
             reasons.append(
@@ -180,10 +187,11 @@ class TileCppDecodePlan:
         self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((shape.slots, rows), dtype=torch.float32, device=device)
         self.split = split_kernel(call.q.dtype, config, layout_kind(call, config))
-        self.combine = combine_kernel(call.q.dtype)
+        tile = combine_tile(shape.programs, call.batch)
+        self.combine = combine_kernel(call.q.dtype, tile)
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         self.split_grid = (shape.programs, head_groups, 1)
-        self.combine_grid = (HEAD_DIM // COMBINE_TILE[1], cdiv(rows, COMBINE_TILE[0]), call.batch)
+        self.combine_grid = (HEAD_DIM // tile[2], cdiv(rows, tile[0]), call.batch)
         table = call.block_table if call.block_table is not None else call.kv_indices
         s = self.schedule
         self._split_schedule = (

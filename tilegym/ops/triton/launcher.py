@@ -85,14 +85,22 @@ class KernelLauncher:
         self._device_index: int | None = None
 
     def __call__(self, *args: Any, aligned: bool = True) -> None:
-        direct = self._direct
-        if direct is not None and (aligned or not self._direct_needs_alignment):
-            run, function, metadata = direct
-            stream = torch._C._cuda_getCurrentRawStream(self._device_index)
-            g0, g1, g2 = self.grid
-            run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *self._constexpr_values)
+        """Launch with tensors (Triton's normal path until the kernel is compiled, then direct)."""
+        if self.ready(aligned):
+            self.direct(args, torch._C._cuda_getCurrentRawStream(self._device_index))
             return
         self._launch_normally(args, aligned)
+
+    def ready(self, aligned: bool) -> bool:
+        """True when ``direct`` may launch calls whose pointers have this alignment."""
+        return self._direct is not None and (aligned or not self._direct_needs_alignment)
+
+    def direct(self, args: Sequence[Any], stream: int) -> None:
+        """Launch through the compiled kernel's launcher. Pointers may be plain integers: the
+        launcher then skips the driver query it makes for each tensor (the plan's fast path)."""
+        run, function, metadata = self._direct
+        g0, g1, g2 = self.grid
+        run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *self._constexpr_values)
 
     def _launch_normally(self, args: Sequence[Any], aligned: bool) -> None:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)

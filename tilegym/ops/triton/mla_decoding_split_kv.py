@@ -197,62 +197,62 @@ def _mla_split_kernel(
         row_begin = tl.load(cum_ptr + b)
         row_end = tl.load(cum_ptr + b + 1)
         lo = tl.maximum(start, row_begin)
-        hi = tl.minimum(start + per, row_end)
-        if lo < hi:
-            _attend_segment(
-                q_ptr,
-                qpe_ptr,
-                kv_ptr,
-                kpe_ptr,
-                kv_scale_ptr,
-                table_ptr,
-                indptr_ptr,
-                out_ptr,
-                lse_ptr,
-                part_out_ptr,
-                part_lse_ptr,
-                b,
-                piece + b,
-                lo - row_begin,
-                hi - row_begin,
-                (lo == row_begin) & (hi == row_end),
-                tl.load(lens_ptr + b),
-                offs_r,
-                r_mask,
-                token,
-                head,
-                offs_d,
-                offs_p,
-                score_scale,
-                q_len,
-                query_rows,
-                num_pages,
-                num_indices,
-                stride_q_b,
-                stride_q_q,
-                stride_q_h,
-                stride_qpe_b,
-                stride_qpe_q,
-                stride_qpe_h,
-                stride_kv_0,
-                stride_kv_1,
-                stride_kpe_0,
-                stride_kpe_1,
-                stride_table_b,
-                HEAD_DIM,
-                ROPE_DIM,
-                BLOCK_H,
-                BLOCK_N,
-                LAYOUT,
-                PAGE_SIZE,
-                NUM_STAGES,
-                CAUSAL,
-                IS_FP8,
-                FP8_V_FP16,
-                FP8_ONE_TILE,
-                WRITE_LSE,
-                DOT_F32,
-            )
+        hi = tl.maximum(tl.minimum(start + per, row_end), lo)  # lo == hi: nothing of this row here
+        _attend_segment(
+            q_ptr,
+            qpe_ptr,
+            kv_ptr,
+            kpe_ptr,
+            kv_scale_ptr,
+            table_ptr,
+            indptr_ptr,
+            out_ptr,
+            lse_ptr,
+            part_out_ptr,
+            part_lse_ptr,
+            b,
+            piece + b,
+            lo - row_begin,
+            hi - row_begin,
+            (lo < hi) & (lo == row_begin) & (hi == row_end),
+            (lo < hi) & ((lo != row_begin) | (hi != row_end)),
+            tl.load(lens_ptr + b),
+            offs_r,
+            r_mask,
+            token,
+            head,
+            offs_d,
+            offs_p,
+            score_scale,
+            q_len,
+            query_rows,
+            num_pages,
+            num_indices,
+            stride_q_b,
+            stride_q_q,
+            stride_q_h,
+            stride_qpe_b,
+            stride_qpe_q,
+            stride_qpe_h,
+            stride_kv_0,
+            stride_kv_1,
+            stride_kpe_0,
+            stride_kpe_1,
+            stride_table_b,
+            HEAD_DIM,
+            ROPE_DIM,
+            BLOCK_H,
+            BLOCK_N,
+            LAYOUT,
+            PAGE_SIZE,
+            NUM_STAGES,
+            CAUSAL,
+            IS_FP8,
+            FP8_V_FP16,
+            FP8_ONE_TILE,
+            WRITE_LSE,
+            DOT_F32,
+        )
 
 
 @triton.jit
@@ -272,7 +272,8 @@ def _attend_segment(
     slot,
     blk_lo,
     blk_hi,
-    whole,
+    writes_final,
+    writes_partial,
     length,
     offs_r,
     r_mask,
@@ -311,7 +312,9 @@ def _attend_segment(
     DOT_F32: tl.constexpr,
 ):
     """Row b's blocks [blk_lo, blk_hi) for BLOCK_H query rows: the final output when the
-    segment is the whole row, else a float32 partial and lse in work slot ``slot``."""
+    segment is the whole row (``writes_final``), else a float32 partial and lse in work slot
+    ``slot`` (``writes_partial``); nothing without work. No branches: the loop runs zero times
+    and the stores are masked, which keeps the KV loop a plain pipelined loop."""
     b64 = b + tl.zeros([], tl.int64)  # the loop index may be a plain int under the interpreter
     q_rows = b64 * stride_q_b + token * stride_q_q + head * stride_q_h
     qpe_rows = b64 * stride_qpe_b + token * stride_qpe_q + head * stride_qpe_h
@@ -390,19 +393,20 @@ def _attend_segment(
     safe_l = tl.where(nonempty, l_i, 1.0)
     out = acc / safe_l[:, None]
     lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
-    if whole:
-        final_rows = b64 * query_rows + offs_r
-        tl.store(
-            out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=r_mask[:, None],
-        )
-        if WRITE_LSE:
-            tl.store(lse_ptr + final_rows, lse, mask=r_mask)
-    else:
-        part_rows = (slot + tl.zeros([], tl.int64)) * query_rows + offs_r
-        tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=r_mask[:, None])
-        tl.store(part_lse_ptr + part_rows, lse, mask=r_mask)
+    # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
+    final_mask = offs_r < tl.where(writes_final, query_rows, 0)
+    part_mask = offs_r < tl.where(writes_partial, query_rows, 0)
+    final_rows = b64 * query_rows + offs_r
+    tl.store(
+        out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        final_mask[:, None],
+    )
+    if WRITE_LSE:
+        tl.store(lse_ptr + final_rows, lse, final_mask)
+    part_rows = (slot + tl.zeros([], tl.int64)) * query_rows + offs_r
+    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
+    tl.store(part_lse_ptr + part_rows, lse, part_mask)
 
 
 @triton.jit
@@ -587,6 +591,10 @@ class TritonDecodePlan:
             num_stages=1,
         )
         self._combine_fixed = (self.part_out, self.part_lse, self.schedule.cum_blocks, self.schedule.blocks_per_program)
+        self._split_fixed_ptrs = tuple(t.data_ptr() for t in self._split_fixed)
+        self._workspace_ptrs = (self.part_out.data_ptr(), self.part_lse.data_ptr())
+        self._combine_fixed_ptrs = tuple(t.data_ptr() for t in self._combine_fixed)
+        self._device_index = device.index if device.index is not None else 0
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -607,8 +615,16 @@ class TritonDecodePlan:
         are read, the strides and sizes are the plan's."""
         scale = kv_scale if kv_scale is not None else self.part_lse
         lse_arg = lse if lse is not None else self.part_lse
-        pointers = [q.data_ptr(), qpe.data_ptr(), kv.data_ptr(), kpe.data_ptr(), out.data_ptr(), scale.data_ptr()]
-        aligned = all_aligned(pointers)
+        pointers = (q.data_ptr(), qpe.data_ptr(), kv.data_ptr(), kpe.data_ptr(), scale.data_ptr())
+        out_ptrs = (out.data_ptr(), lse_arg.data_ptr())
+        aligned = all_aligned(pointers + out_ptrs)
+        if self._split.ready(aligned) and self._combine.ready(aligned):
+            stream = torch._C._cuda_getCurrentRawStream(self._device_index)
+            self._split.direct(
+                (*pointers, *self._split_fixed_ptrs, *out_ptrs, *self._workspace_ptrs, *self._split_ints), stream
+            )
+            self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, self.call.query_rows), stream)
+            return
         self._split(
             q,
             qpe,
