@@ -105,6 +105,9 @@ class Implementation:
     supports: SupportsFn
     vendor_reasons: VendorReasonsFn
     registry: Registry | None = field(default=None, repr=False, compare=False)
+    # Cache formats (short dtype names, e.g. "fp8") for which the implementation also rounds the
+    # query to that format: its declared accuracy is the format's query-quantised tolerance.
+    quantizes_query: frozenset[str] = frozenset()
 
     def reasons_for_vendor(self, vendor: str) -> list[str]:
         """Why this implementation cannot run on ``vendor`` devices here, whatever the inputs."""
@@ -200,6 +203,7 @@ class Registry:
         vendors: Sequence[str],
         supports: SupportsFn | None = None,
         vendor_reasons: VendorReasonsFn | None = None,
+        quantizes_query: Sequence[str] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``fn`` as ``backend``'s implementation of ``op``.
 
@@ -207,7 +211,9 @@ class Registry:
         returns the reasons it cannot run a validated call; ``vendor_reasons(vendor)`` the
         reasons it cannot run on a vendor's devices in this environment (e.g. Triton on a CPU
         without its interpreter), which ``backend_status`` reports without any inputs.
-        The backend must be declared; registering twice is an error.
+        ``quantizes_query``: cache formats for which it also rounds the query (its declared
+        accuracy, see ``tilegym.ops.accuracy``). The backend must be declared; registering twice
+        is an error.
         """
         self._check_declared(backend)
         bad = [v for v in vendors if v not in VENDORS]
@@ -216,7 +222,14 @@ class Registry:
 
         def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
             impl = Implementation(
-                op, backend, fn, tuple(vendors), supports or _no_reasons, vendor_reasons or _no_reasons, self
+                op,
+                backend,
+                fn,
+                tuple(vendors),
+                supports or _no_reasons,
+                vendor_reasons or _no_reasons,
+                self,
+                frozenset(quantizes_query),
             )
             with self._lock:
                 if (op, backend) in self._impls:
@@ -504,9 +517,12 @@ def register_impl(
     vendors: Sequence[str],
     supports: SupportsFn | None = None,
     vendor_reasons: VendorReasonsFn | None = None,
+    quantizes_query: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``backend``'s implementation of ``op`` (see ``Registry.register_impl``)."""
-    return _current().register_impl(op, backend, vendors=vendors, supports=supports, vendor_reasons=vendor_reasons)
+    return _current().register_impl(
+        op, backend, vendors=vendors, supports=supports, vendor_reasons=vendor_reasons, quantizes_query=quantizes_query
+    )
 
 
 def register_probe(backend: str, probe: ProbeFn) -> None:

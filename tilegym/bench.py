@@ -41,6 +41,7 @@ import torch
 from tilegym.backend import BACKENDS, device_vendor, implementations
 from tilegym.cli import demo_backends, describe_device
 from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
+from tilegym.ops.accuracy import output_tolerance
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.quant import cache_format
 from tilegym.testing import (
@@ -58,10 +59,6 @@ OP = "mla_decoding_split_kv"
 HEAD_DIM, ROPE_DIM = 512, 64  # DeepSeek-V2/V3 latent and rope widths
 LENGTH_KINDS = ("full", "uniform", "long-tail")
 LAYOUTS = ("dense", "paged", "ragged")
-
-# Backends whose fp8-KV path also quantises the query to fp8 (aiter's a8w8 kernels; see
-# tilegym/ops/aiter): e4m3 rounding of q alone gives ~3e-2 (measured under the emulation).
-FP8_QUERY_BACKENDS = ("aiter",)
 
 ROTATE_BYTES = 256 << 20  # rotate input sets until together they exceed this (H200 L2: 60 MB)
 MAX_INPUT_SETS = 64
@@ -377,11 +374,6 @@ def unplanned_call(backend: str, data: ShapeData, split: int | None) -> Callable
     return run
 
 
-def interpreter_limitations(backend: str, dtype: torch.dtype, device: torch.device) -> list[str]:
-    """Known-wrong cases of Triton's CPU interpreter: none left (the kernel widens dot operands there)."""
-    return []
-
-
 def unsupported_reasons(backend: str, data: ShapeData, split: int | None) -> list[str]:
     """Why ``backend`` cannot run these inputs: the registry's reasons."""
     impl = implementations(OP).get(backend)
@@ -445,11 +437,8 @@ def fill_metrics(row: Row, ceilings: Ceilings, kv_token_bytes: int, q_elsize: in
 
 
 def error_tolerance(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
-    """The relative L2 error vs float64 a correct ``backend`` stays under for these dtypes."""
-    if kv_dtype in FP8_DTYPES:
-        fmt = cache_format("fp8")
-        return fmt.query_quantized_tolerance if backend in FP8_QUERY_BACKENDS else fmt.output_tolerance[dtype]
-    return REL_L2_TOLERANCE[dtype]
+    """The relative L2 error vs float64 a correct ``backend`` declares for these dtypes."""
+    return output_tolerance(OP, backend, dtype, kv_dtype)
 
 
 def new_row(backend: str, shape: Shape, cfg: BenchConfig, split: int | None, status: str = "", note: str = "") -> Row:

@@ -14,7 +14,10 @@ from tilegym.ops.contract import MLADecodeCall
 register_probe("aiter", support.probe)
 
 
-@register_impl("mla_decoding_split_kv", "aiter", vendors=("amd",), supports=support.mla_decode_reasons)
+# aiter's fp8 kernels take an fp8 query: the adapter quantises it (per tensor), which widens the error.
+@register_impl(
+    "mla_decoding_split_kv", "aiter", vendors=("amd",), supports=support.mla_decode_reasons, quantizes_query=("fp8",)
+)
 def plan_mla_decoding_split_kv(call: MLADecodeCall) -> object:
     from tilegym.ops.aiter.mla_decoding_split_kv import plan
 
