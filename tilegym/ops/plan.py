@@ -252,7 +252,7 @@ class MLADecodePlan:
         scale = None if kv_scale is None and not self.call.is_fp8 else self.kv_scale_tensor(kv_scale)
         lse = torch.empty(self._lse_shape, dtype=torch.float32, device=self._device) if self.call.return_lse else None
         index = self._device_index
-        if index is not None and torch.cuda.current_device() != index:
+        if index is not None and torch._C._cuda_getDevice() != index:
             with torch.cuda.device(index):
                 self.runner.run(q, qpe, kv, kpe, scale, out, lse)
         else:

@@ -114,11 +114,8 @@ __tile_global__ void mla_decode_split_kernel(
     const int row_begin = cum_blocks[b];
     const int row_end = cum_blocks[b + 1];
     const int lo = start > row_begin ? start : row_begin;
-    const int hi_raw = start + per < row_end ? start + per : row_end;
-    const int hi = hi_raw > lo ? hi_raw : lo;  // lo == hi: nothing of this row in the piece
-    // No branch around the work: an empty segment runs its KV loop zero times and stores nothing,
-    // which keeps the loop a plain one the compiler pipelines.
-    {
+    const int hi = start + per < row_end ? start + per : row_end;
+    if (lo < hi) {
       const bool whole = lo == row_begin && hi == row_end;
       const int slot = piece + b;
       const int len = lens[b];
@@ -184,12 +181,13 @@ __tile_global__ void mla_decode_split_kernel(
         m = m_new;
       }
 
-      // A query row that saw no token writes zeros and lse = -inf (the combine ignores it).
-      auto nonempty = l > 0.0f;
-      auto out_dh = acc / ct::select(nonempty, l, ct::full<f32_1H>(1.0f));
-      auto lse = ct::select(nonempty, (m + ct::log2(l)) * tilegym::kLn2, ct::full<f32_1H>(-INFINITY));
+      // A query row that saw no token writes zeros and lse = -inf (the combine ignores it); NaN in
+      // the row's data makes l NaN, and then the lse too, so the combine keeps the NaN.
+      auto empty = l == 0.0f;
+      auto out_dh = acc / ct::select(empty, ct::full<f32_1H>(1.0f), l);
+      auto lse = ct::select(empty, ct::full<f32_1H>(-INFINITY), (m + ct::log2(l)) * tilegym::kLn2);
       auto r_col = ct::reshape(r, ct::shape<BLOCK_H, 1>{});
-      if (lo < hi && whole) {
+      if (whole) {
         // out [B, Q, H, D] and lse [B, Q, H], contiguous: query row r of batch row b is b * query_rows + r.
         T* out_base = out + (long long)b * query_rows * D;
         ct::store_masked(out_base + (r_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), r_ok_col);
@@ -197,7 +195,7 @@ __tile_global__ void mla_decode_split_kernel(
           ct::store_masked(out_lse + (long long)b * query_rows + ct::reshape(r, ct::shape<1, BLOCK_H>{}), lse,
                            ct::reshape(r_ok, ct::shape<1, BLOCK_H>{}));
         }
-      } else if (lo < hi) {
+      } else {
         // part_out [slots, query_rows, D] and part_lse [slots, query_rows], contiguous.
         float* part_base = part_out + (long long)slot * query_rows * D;
         ct::store_masked(part_base + (r_col * D + d_row), ct::transpose(out_dh), r_ok_col);

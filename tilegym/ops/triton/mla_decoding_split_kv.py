@@ -74,8 +74,8 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
     benchmarks/NOTES_triton.md)."""
     rows = call.query_rows
     block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(rows)))
-    if call.vendor == "cpu":  # interpreter: its cost is programs x loop steps
-        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=1, programs_per_sm=1, min_blocks=1)
+    if call.vendor == "cpu":  # interpreter: short steps, so small test shapes still cut rows into segments
+        return KernelConfig(block_h, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1, min_blocks=1)
     if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
@@ -389,10 +389,12 @@ def _attend_segment(
 
     if IS_FP8:
         acc = acc * kv_scale
-    nonempty = l_i > 0
-    safe_l = tl.where(nonempty, l_i, 1.0)
+    # No visible token: zeros and lse -inf (the combine skips it). NaN in the row's data makes
+    # l NaN, and then the lse too, so the combine keeps the NaN (NaN in, NaN out).
+    empty = l_i == 0
+    safe_l = tl.where(empty, 1.0, l_i)
     out = acc / safe_l[:, None]
-    lse = tl.where(nonempty, (m_i + tl.log2(safe_l)) / 1.4426950408889634, float("-inf"))
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(safe_l)) / 1.4426950408889634)
     # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
     final_mask = offs_r < tl.where(writes_final, query_rows, 0)
     part_mask = offs_r < tl.where(writes_partial, query_rows, 0)
