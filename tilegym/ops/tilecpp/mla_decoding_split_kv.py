@@ -29,6 +29,7 @@ HEADER = "mla_decoding_split_kv.cuh"
 KERNEL = "mla_decode_split_kernel"
 COMBINE_HEADER = "mla_decoding_combine.cuh"
 COMBINE_KERNEL = "mla_decode_combine_kernel"
+COMBINE_ROWS_KERNEL = "mla_decode_combine_rows_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 DTYPES = (torch.bfloat16, torch.float16)
@@ -42,7 +43,7 @@ SMALL_PAGE_SIZES = (1, 16, 32)  # smaller pages with a kernel variant: one load 
 PAGED_ROWS: dict[int, LayoutKind] = {size: (2, size) for size in SMALL_PAGE_SIZES}
 # Combine tiles (query rows, slots per step, columns): many rows with few segments each, or one
 # row cut into many segments (one long request), chosen by the schedule's pieces per row.
-FEW_SEGMENTS_TILE = (16, 1, 64)
+FEW_SEGMENTS_TILE = (16, 1, 64)  # built as the 2-D rows kernel (16 rows x 64 columns)
 MANY_SEGMENTS_TILE = (1, 16, 64)
 MANY_SEGMENTS_PER_ROW = 8
 SPLIT_PARAMS = (*("int",) * 10, *("long long",) * 11, "float")
@@ -87,8 +88,11 @@ def split_kernel(dtype: torch.dtype, config: TileConfig, kind: LayoutKind) -> Ti
 @functools.cache
 def combine_kernel(out_dtype: torch.dtype, tile: tuple[int, int, int]) -> TileCppKernel:
     """The combine kernel writing ``out_dtype`` with a (rows, slots, columns) tile."""
-    pointers = (*COMBINE_PARAMS, f"{C_TYPES[out_dtype]}*", "float*")
-    return TileCppKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *tile), (*pointers, "int", "int", "int"))
+    pointers = (*COMBINE_PARAMS, f"{C_TYPES[out_dtype]}*", "float*", "int", "int", "int")
+    if tile[1] == 1:
+        rows_tile = (C_TYPES[out_dtype], tile[0], tile[2])
+        return TileCppKernel(COMBINE_HEADER, COMBINE_ROWS_KERNEL, rows_tile, pointers)
+    return TileCppKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *tile), pointers)
 
 
 def combine_tile(programs: int, batch: int) -> tuple[int, int, int]:
