@@ -100,3 +100,22 @@ def test_mtp_plan_keeps_q_len_and_causality():
     assert out.shape == (2, 3, 8, D) and relative_error(out, expected) < 2e-3
     with pytest.raises(ValueError, match="causal=True differs"):
         tilegym.mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, causal=True, plan=plan)
+
+
+def test_unplanned_calls_reuse_a_cached_plan_that_follows_kv_lens():
+    from tilegym.ops import PLAN_CACHE
+
+    PLAN_CACHE.clear()
+    g = torch.Generator().manual_seed(11)
+    x = make_mla_inputs(2, 16, 96, D, P, dtype=torch.float16, kv_lens=[96, 40], generator=g)
+    run = tilegym.mla_decoding_split_kv
+    first = run(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, backend="triton")
+    plans = list(PLAN_CACHE._plans.values())
+    x.kv_lens.copy_(torch.tensor([17, 96], dtype=torch.int32))  # in place: the cached plan must follow
+    second = run(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, backend="triton")
+    assert list(PLAN_CACHE._plans.values()) == plans, "the same call must reuse its plan"
+    expected, _ = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens)
+    assert relative_error(second, expected) < 2e-3 and relative_error(first, expected) > 1e-2
+    other = x.kv_lens.clone()
+    run(x.q, x.qpe, x.kv, x.kpe, kv_lens=other, backend="triton")
+    assert len(PLAN_CACHE._plans) == 2, "another kv_lens tensor is another plan"

@@ -257,6 +257,7 @@ class Row:
     x_vs_torch: float | None = None
     x_vs_best: float | None = None
     auto_backend: str | None = None  # what ``auto`` picks for this shape (set per shape)
+    auto_x_vs_best: float | None = None  # the fastest row's time over auto's pick's time (1.0: auto picked the best)
     note: str = ""
 
     @property
@@ -501,9 +502,11 @@ def add_ratios(rows: Sequence[Row]) -> None:
             continue
         best = min(r.time_us for r in timed)
         torch_rows = [r.time_us for r in timed if r.backend == "torch" and r.split is None]
+        auto_rows = [r.time_us for r in timed if r.backend == r.auto_backend and r.split is None]
         for r in timed:
             r.x_vs_best = best / r.time_us
             r.x_vs_torch = torch_rows[0] / r.time_us if torch_rows else None
+            r.auto_x_vs_best = best / auto_rows[0] if auto_rows else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -595,6 +598,7 @@ MARKDOWN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("% roofline", "pct_roofline", ".0f"),
     ("x vs torch", "x_vs_torch", ".2f"),
     ("x vs best", "x_vs_best", ".2f"),
+    ("auto x vs best", "auto_x_vs_best", ".2f"),
 )
 
 

@@ -2,11 +2,15 @@
 
 For ``mla_decoding_split_kv`` every backend registers a *planner*: ``planner(call)``
 returns a runner (``tilegym.ops.plan``) holding the configuration, schedule and workspace
-for that call. A call without a plan makes a plan internally and runs it (same results).
+for that call. A call without a plan makes a plan internally and runs it (same results);
+recent ones are kept (``PLAN_CACHE``) so a repeated unplanned call skips most of the work.
 Under ``torch.compile`` the calls go through the custom ops of ``tilegym.ops.torch_library``.
 """
 
 from __future__ import annotations
+
+import threading
+from collections import OrderedDict
 
 import torch
 
@@ -27,6 +31,65 @@ def plan_for_call(call: MLADecodeCall, backend: str | None = None) -> MLADecodeP
     """Select the backend for a validated call and build its plan."""
     impl = select(MLA_DECODE, call, backend)
     return MLADecodePlan(call, impl.backend, impl.run(call))
+
+
+class _PlanCache:
+    """The plans of recent unplanned calls, so a repeated call does not rebuild its workspace.
+
+    Keyed by the backend and everything a plan fixes: shapes, strides, dtypes and device of the
+    four tensors, the options, and the identity of the index tensors (``kv_lens`` and the page
+    tables; the cached plan keeps them alive, so an identity is never reused while cached). A
+    hit recomputes the schedule from the index tensors' current values. Small (memory of
+    workspaces), never used while a CUDA graph is being captured (a captured workspace belongs
+    to the graph).
+    """
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self._plans: OrderedDict[tuple, MLADecodePlan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(backend: str, call: MLADecodeCall) -> tuple:
+        tensors = (call.q, call.qpe, call.kv, call.kpe)
+        index = (call.kv_lens, call.block_table, call.kv_indptr, call.kv_indices)
+        return (
+            backend,
+            *((t.shape, t.stride(), t.dtype, t.device) for t in tensors),
+            *(None if t is None else id(t) for t in index),
+            call.sm_scale,
+            call.kv_len_per_split,
+            call.causal,
+            call.return_lse,
+            call.squeeze_q,
+        )
+
+    def plan(self, call: MLADecodeCall, backend: str | None) -> MLADecodePlan:
+        """A cached plan for ``call`` (schedule refreshed), or a new one."""
+        if call.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return plan_for_call(call, backend)
+        impl = select(MLA_DECODE, call, backend)
+        key = self.key(impl.backend, call)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+        if plan is None:
+            plan = MLADecodePlan(call, impl.backend, impl.run(call))
+            with self._lock:
+                self._plans[key] = plan
+                while len(self._plans) > self.capacity:
+                    self._plans.popitem(last=False)
+        elif call.kv_lens is not None:
+            plan.refresh()
+        return plan
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+
+PLAN_CACHE = _PlanCache()
 
 
 def plan_mla_decoding(
@@ -149,7 +212,7 @@ def mla_decoding_split_kv(
     if torch.compiler.is_compiling():
         return _compiled_call({"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, **arguments, "backend": backend})
     call = validate_mla_decoding(q, qpe, kv, kpe, **arguments)
-    planned = plan_for_call(call, backend)
+    planned = PLAN_CACHE.plan(call, backend)
     out, lse = planned.run(q, qpe, kv, kpe, call.kv_scale, out)
     return (out, lse) if call.return_lse else out
 
