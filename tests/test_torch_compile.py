@@ -78,8 +78,10 @@ def test_compiled_paged_mtp_with_a_plan_matches_float64():
         return tilegym.mla_decoding_split_kv(q, qpe, kv, kpe, plan=plan)
 
     run = compiled(layer)
-    for _ in range(2):  # a fresh plan each step, as an engine makes them
-        plan = tilegym.plan_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("paged"))
-        out = run(x.q, x.qpe, pages.kv, pages.kpe, plan)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):  # a fresh plan (and fresh index tensors) each step: no recompile
+            kwargs = {k: v.clone() for k, v in pages.layout_kwargs("paged").items()}
+            plan = tilegym.plan_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **kwargs)
+            out = run(x.q, x.qpe, pages.kv, pages.kpe, plan)
     expected, _ = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens)
     assert out.shape == x.q.shape and relative_error(out, expected) < 2e-3
