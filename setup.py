@@ -57,7 +57,8 @@ setup(
         ],
         # ROCm only: aiter is built from source on a ROCm machine; this extra only documents it.
         "aiter": [],
-        "test": ["pytest>=8", "pytest-xdist", "numpy", "hypothesis>=6", "ruff==0.17.6"],  # ruff pinned: its format rules change
+        # ruff pinned: its format rules change between releases
+        "test": ["pytest>=8", "pytest-xdist", "numpy", "hypothesis>=6", "ruff==0.17.6"],
         "bench": ["matplotlib", "numpy"],
     },
     entry_points={"console_scripts": ["tilegym=tilegym.__main__:main"]},

@@ -11,7 +11,7 @@ import torch
 
 from tilegym import backend as registry
 from tilegym import bench
-from tilegym.ops import reference
+from tilegym.ops import mla_decoding, reference
 from tilegym.testing import REL_L2_TOLERANCE
 
 OP = bench.OP
@@ -95,29 +95,32 @@ def test_unknown_backend_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_formulas_follow_performance_doc() -> None:
-    shape = bench.Shape(batch=64, seq_len=4096, heads=16)
+    shape = mla_decoding.Shape(batch=64, seq_len=4096, heads=16)
     tokens = 64 * 4096
-    assert bench.kv_bytes_per_token(torch.bfloat16) == 1152 and bench.kv_bytes_per_token(torch.float8_e4m3fn) == 576
-    assert bench.flop_count(shape, tokens) == 2176 * 64 * 16 * 4096
-    bf16 = bench.traffic_bytes(shape, tokens, 1152)
+    assert (
+        mla_decoding.kv_bytes_per_token(torch.bfloat16) == 1152
+        and mla_decoding.kv_bytes_per_token(torch.float8_e4m3fn) == 576
+    )
+    assert mla_decoding.flop_count(shape, tokens) == 2176 * 64 * 16 * 4096
+    bf16 = mla_decoding.traffic_bytes(shape, tokens, 1152)
     assert bf16 == 64 * 4096 * 576 * 2 + 64 * 16 * 576 * 2 + 64 * 16 * 512 * 2
-    assert bench.traffic_bytes(shape, tokens, 576) == bf16 - 64 * 4096 * 576
+    assert mla_decoding.traffic_bytes(shape, tokens, 576) == bf16 - 64 * 4096 * 576
     ceilings = bench.Ceilings(copy_gbps=4000.0, matmul_tflops=800.0, copy_bytes=1, matmul_n=1, matmul_dtype="bf16")
-    assert ceilings.floor_us(bf16, bench.flop_count(shape, tokens)) == pytest.approx(bf16 / 4000e3)
-    big_h = bench.Shape(64, 4096, 128)
-    flops = bench.flop_count(big_h, tokens)
-    assert ceilings.floor_us(bench.traffic_bytes(big_h, tokens, 1152), flops) == pytest.approx(flops / 800e6)
-    mtp = bench.Shape(64, 4096, 16, q_len=4)
-    assert bench.flop_count(mtp, tokens) == 4 * bench.flop_count(shape, tokens)
+    assert ceilings.floor_us(bf16, mla_decoding.flop_count(shape, tokens)) == pytest.approx(bf16 / 4000e3)
+    big_h = mla_decoding.Shape(64, 4096, 128)
+    flops = mla_decoding.flop_count(big_h, tokens)
+    assert ceilings.floor_us(mla_decoding.traffic_bytes(big_h, tokens, 1152), flops) == pytest.approx(flops / 800e6)
+    mtp = mla_decoding.Shape(64, 4096, 16, q_len=4)
+    assert mla_decoding.flop_count(mtp, tokens) == 4 * mla_decoding.flop_count(shape, tokens)
 
 
 def test_mixed_lengths_are_seeded_and_in_range() -> None:
     for kind in ("uniform", "long-tail"):
-        shape = bench.Shape(64, 8192, 16, lengths=kind)
-        lengths = bench.row_lengths(shape)
-        assert lengths == bench.row_lengths(shape) and len(lengths) == 64
+        shape = mla_decoding.Shape(64, 8192, 16, lengths=kind)
+        lengths = mla_decoding.row_lengths(shape)
+        assert lengths == mla_decoding.row_lengths(shape) and len(lengths) == 64
         assert 1 <= min(lengths) and max(lengths) <= 8192 and len(set(lengths)) > 8
-    tail = bench.row_lengths(bench.Shape(64, 8192, 16, lengths="long-tail"))
+    tail = mla_decoding.row_lengths(mla_decoding.Shape(64, 8192, 16, lengths="long-tail"))
     assert sum(n == 8192 for n in tail) == 8 and sorted(tail)[55] <= 8192 // 16
 
 

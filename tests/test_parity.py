@@ -1,6 +1,6 @@
 """Cross-backend parity: every backend the registry can run here, against the float64 oracle.
 
-Backends are the registry's (``tilegym.backend.BACKENDS``); a backend that cannot run a
+Backends are the registry's (``tilegym.backend.backend_names()``); a backend that cannot run a
 case here says why through the registry (``BackendUnavailableError``) and the case is
 skipped with that reason, so a newly registered backend is tested without editing this
 file. On a CPU: torch, Triton under its interpreter (bf16 included: the kernel widens its dot operands there),
@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tilegym.backend import BACKENDS, BackendUnavailableError
+from tilegym.backend import BackendUnavailableError, backend_names
 from tilegym.bench import fp8_dtype
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
-from tilegym.ops.accuracy import lse_tolerance, output_tolerance
-from tilegym.testing import MLAInputs, make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.ops.accuracy import lse_tolerance
+from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
+from tilegym.testing import MLAInputs, make_mla_inputs, relative_error
 
 # splitk_reduce: inputs are exact, so only the rounding of the output remains.
-REDUCE_TOLERANCES = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
 
 @dataclass(frozen=True)
@@ -166,11 +166,11 @@ def assert_matches_oracle(
     backend: str, case: Case, x: MLAInputs, out: torch.Tensor, lse: torch.Tensor | None, seed: int
 ) -> None:
     kv, kpe = kv_and_kpe(case, x)
-    expected, expected_lse = mla_decode_float64(
+    expected, expected_lse = MLA_DECODING.oracle(
         x.q, x.qpe, kv, kpe, case.sm_scale, kv_lens=x.kv_lens, kv_scale=x.kv_scale
     )
     err = relative_error(out, expected)
-    tolerance = output_tolerance("mla_decoding_split_kv", backend, case.dtype, kv.dtype)
+    tolerance = MLA_DECODING.tolerance(backend, case.dtype, kv.dtype)
     assert out.dtype == case.dtype, f"seed {seed}"
     assert bool(torch.isfinite(out).all()), f"output has NaN/Inf (unwritten elements?), seed {seed}"
     assert err <= tolerance, f"rel. L2 error {err:.2e} > {tolerance:.0e}, seed {seed}"
@@ -179,7 +179,7 @@ def assert_matches_oracle(
         assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
     if case.return_lse:
         assert lse is not None and lse.dtype == torch.float32 and lse.shape == x.q.shape[:2]
-        atol = lse_tolerance("mla_decoding_split_kv", backend, kv.dtype)
+        atol = lse_tolerance(MLA_DECODING.name, backend, kv.dtype)
         torch.testing.assert_close(lse.cpu().double(), expected_lse, atol=atol, rtol=0, msg=f"lse, seed {seed}")
 
 
@@ -208,7 +208,7 @@ def run_case(backend: str, case: Case, x: MLAInputs, out: torch.Tensor) -> torch
 
 
 @pytest.mark.parametrize("case", GRID)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backend_names())
 def test_mla_decoding_matches_float64(backend: str, case: Case) -> None:
     generator, seed = fresh_generator()
     x = case_inputs(case, generator)
@@ -219,7 +219,7 @@ def test_mla_decoding_matches_float64(backend: str, case: Case) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backend_names())
 def test_cuda_graph_replay_matches_float64(backend: str) -> None:
     """Capture one call, copy new values (kv_lens included) into its inputs, replay, compare."""
     case = GRAPH_CASE
@@ -251,7 +251,7 @@ def test_cuda_graph_replay_matches_float64(backend: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [GRAPH_CASE, BIG_HEADS_CASE], ids=lambda c: c.id)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backend_names())
 def test_mla_decoding_is_bitwise_deterministic(backend: str, case: Case) -> None:
     generator, _ = fresh_generator()
     x = case_inputs(case, generator)
@@ -309,14 +309,8 @@ def reduce_inputs(case: ReduceCase, generator: torch.Generator) -> tuple[torch.T
     return partial_out.to(case.device), partial_lse.to(case.device)
 
 
-def reduce_float64(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> torch.Tensor:
-    """Oracle: softmax(lse) over splits weights the partial outputs; all-empty rows give zeros."""
-    weights = torch.softmax(partial_lse.cpu().double(), dim=-1).nan_to_num(0.0)
-    return torch.einsum("bhn,bhnd->bhd", weights, partial_out.cpu().double())
-
-
 @pytest.mark.parametrize("case", REDUCE_GRID)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backend_names())
 def test_splitk_reduce_matches_float64(backend: str, case: ReduceCase) -> None:
     generator, seed = fresh_generator()
     partial_out, partial_lse = reduce_inputs(case, generator)
@@ -326,8 +320,8 @@ def test_splitk_reduce_matches_float64(backend: str, case: ReduceCase) -> None:
         backend, torch.device(case.device)
     ):  # the combine has no matrix product: no interpreter limitation applies
         result = splitk_reduce(partial_out, partial_lse, out=out, backend=backend)
-    expected = reduce_float64(partial_out, partial_lse)
+    expected = SPLITK_REDUCE.oracle(partial_out, partial_lse)
     assert result is out and bool(torch.isfinite(out).all()), f"unwritten or non-finite output, seed {seed}"
     assert bool((out[0, 0] == 0).all()), f"a row whose splits are all empty must give zeros, seed {seed}"
     err = relative_error(out, expected)
-    assert err <= REDUCE_TOLERANCES[out_dtype], f"rel. L2 error {err:.2e}, seed {seed}"
+    assert err <= SPLITK_REDUCE.tolerance(backend, out_dtype, out_dtype), f"rel. L2 error {err:.2e}, seed {seed}"

@@ -38,115 +38,29 @@ from pathlib import Path
 
 import torch
 
-from tilegym.backend import BACKENDS, device_vendor, implementations
+from tilegym.backend import backend_names, device_vendor, implementations
 from tilegym.cli import demo_backends, describe_device
 from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
-from tilegym.ops.accuracy import output_tolerance
-from tilegym.ops.contract import validate_mla_decoding
-from tilegym.quant import cache_format
-from tilegym.testing import (
-    REL_L2_TOLERANCE,
-    MLAInputs,
-    make_mla_inputs,
-    mla_decode_float64,
-    relative_error,
-    to_pages,
+from tilegym.ops.mla_decoding import (
+    HEAD_DIM,
+    MLA_DECODING,
+    ROPE_DIM,
+    Shape,
+    kv_bytes_per_token,
+    row_lengths,
 )
+from tilegym.testing import REL_L2_TOLERANCE, MLAInputs, make_mla_inputs, relative_error, to_pages
 from tilegym.timing import time_calls
 from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES, cdiv
 
-OP = "mla_decoding_split_kv"
-HEAD_DIM, ROPE_DIM = 512, 64  # DeepSeek-V2/V3 latent and rope widths
-LENGTH_KINDS = ("full", "uniform", "long-tail")
+OP = MLA_DECODING.name
 LAYOUTS = ("dense", "paged", "ragged")
+SUITES = MLA_DECODING.suites
 
 ROTATE_BYTES = 256 << 20  # rotate input sets until together they exceed this (H200 L2: 60 MB)
 MAX_INPUT_SETS = 64
 CHECK_ROWS = 4  # batch rows compared with the float64 oracle (rows are independent)
 HOST_CALLS = 200  # back-to-back eager calls timed on the host
-LENGTH_SEED = 20261130  # lengths of the mixed suites are the same in every run
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One decode step: ``batch`` rows, cache length ``seq_len``, ``heads``, ``q_len`` new tokens."""
-
-    batch: int
-    seq_len: int
-    heads: int
-    q_len: int = 1
-    lengths: str = "full"
-
-    @property
-    def label(self) -> str:
-        label = f"B{self.batch} S{self.seq_len} H{self.heads}"
-        label += f" Q{self.q_len}" if self.q_len > 1 else ""
-        return label + (f" {self.lengths}" if self.lengths != "full" else "")
-
-
-def _shapes(*specs: tuple) -> tuple[Shape, ...]:
-    return tuple(Shape(*spec) for spec in specs)
-
-
-SUITES: dict[str, tuple[Shape, ...]] = {
-    "deepseek": _shapes(
-        (64, 4096, 16),
-        (128, 8192, 16),
-        (32, 8192, 16),
-        (1, 32768, 16),
-        (64, 4096, 128),
-        (128, 8192, 128),
-        (64, 4096, 64),
-        (4, 1024, 16),
-    ),
-    "amd-mixed-mla": _shapes(*((b, s, 16) for b in (4, 32, 64, 256) for s in (1024, 8192))),
-    "mixed": _shapes(
-        (64, 8192, 16, 1, "uniform"),
-        (64, 8192, 16, 1, "long-tail"),
-        (128, 4096, 16, 1, "uniform"),
-        (128, 4096, 128, 1, "uniform"),
-        (128, 4096, 128, 1, "full"),
-    ),
-    "many-heads": _shapes((64, 4096, 64), (64, 4096, 128), (128, 8192, 128), (128, 4096, 128, 1, "uniform")),
-    "mtp": _shapes((64, 4096, 16, 1), (64, 4096, 16, 2), (64, 4096, 16, 4), (64, 4096, 128, 2)),
-    "quick": _shapes((64, 4096, 16), (64, 4096, 128), (4, 1024, 16)),
-    "tiny": _shapes((2, 128, 16), (3, 96, 16, 2, "uniform")),  # CPU smoke run: Triton's interpreter included
-}
-
-
-def row_lengths(shape: Shape) -> list[int]:
-    """Each row's cached tokens, the same in every run (seeded): full, uniform in [1, S], or long-tail.
-
-    Long-tail: one row in eight is S long, the others uniform in [1, S/16].
-    """
-    if shape.lengths == "full":
-        return [shape.seq_len] * shape.batch
-    g = torch.Generator().manual_seed(LENGTH_SEED + shape.batch * 7 + shape.seq_len)
-    if shape.lengths == "uniform":
-        return torch.randint(1, shape.seq_len + 1, (shape.batch,), generator=g).tolist()
-    short = torch.randint(1, max(2, shape.seq_len // 16) + 1, (shape.batch,), generator=g).tolist()
-    return [shape.seq_len if b % 8 == 7 else n for b, n in enumerate(short)]
-
-
-# ---------------------------------------------------------------------------------------
-# The formulas (docs/performance.md): the one place bytes, FLOPs and the floor are counted.
-
-
-def kv_bytes_per_token(kv_dtype: torch.dtype) -> int:
-    """Cache bytes read per token (latent + rope, plus scales for block-scaled formats)."""
-    name = "fp8" if kv_dtype in FP8_DTYPES else DTYPE_SHORT_NAMES[kv_dtype]
-    return cache_format(name).bytes_per_token(HEAD_DIM, ROPE_DIM)
-
-
-def traffic_bytes(shape: Shape, tokens: int, kv_token_bytes: int, q_elsize: int = 2) -> int:
-    """Fewest bytes moved: the tokens present read once, queries read once, output written once."""
-    rows = shape.batch * shape.q_len * shape.heads
-    return tokens * kv_token_bytes + rows * (HEAD_DIM + ROPE_DIM) * q_elsize + rows * HEAD_DIM * 2
-
-
-def flop_count(shape: Shape, tokens: int) -> int:
-    """FLOPs by the FlashMLA convention: QK^T over D+P plus PV over D for every query row, softmax not counted."""
-    return 2 * shape.heads * shape.q_len * tokens * (HEAD_DIM + ROPE_DIM + HEAD_DIM)
 
 
 @dataclass(frozen=True)
@@ -294,7 +208,7 @@ class ShapeData:
 
 def working_set_bytes(shape: Shape, cfg: BenchConfig) -> int:
     tokens = shape.batch * shape.seq_len
-    return traffic_bytes(shape, tokens, kv_bytes_per_token(cfg.kv_dtype), cfg.dtype.itemsize)
+    return MLA_DECODING.traffic_bytes(shape, tokens, kv_bytes_per_token(cfg.kv_dtype), cfg.dtype.itemsize)
 
 
 def input_set_count(shape: Shape, cfg: BenchConfig) -> int:
@@ -336,7 +250,7 @@ def make_shape_data(shape: Shape, cfg: BenchConfig) -> ShapeData:
     rows = checked_rows(shape.batch)
     picked = [t.index_select(0, rows.to(cfg.device)) for t in (first.q, first.qpe, first.kv, first.kpe)]
     lens = None if first.kv_lens is None else first.kv_lens.index_select(0, rows.to(cfg.device))
-    expected, _ = mla_decode_float64(*picked, kv_lens=lens, kv_scale=first.kv_scale)
+    expected, _ = MLA_DECODING.oracle(*picked, kv_lens=lens, kv_scale=first.kv_scale)
     tokens = sum(lengths) if lengths is not None else shape.batch * shape.seq_len
     del first
     return ShapeData(sets, outs, index, tokens, rows, expected)
@@ -381,7 +295,7 @@ def unsupported_reasons(backend: str, data: ShapeData, split: int | None) -> lis
     if impl is None:
         return ["no implementation of this op"]
     step = data.sets[0]
-    call = validate_mla_decoding(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, split))
+    call = MLA_DECODING.validate(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, split))
     return impl.reasons(call)
 
 
@@ -427,8 +341,8 @@ def plan_host_us(backend: str, data: ShapeData, split: int | None, device: torch
 
 
 def fill_metrics(row: Row, ceilings: Ceilings, kv_token_bytes: int, q_elsize: int) -> None:
-    nbytes = traffic_bytes(row.shape, row.tokens, kv_token_bytes, q_elsize)
-    flops = flop_count(row.shape, row.tokens)
+    nbytes = MLA_DECODING.traffic_bytes(row.shape, row.tokens, kv_token_bytes, q_elsize)
+    flops = MLA_DECODING.flop_count(row.shape, row.tokens)
     row.gbps = nbytes / (row.time_us * 1e3)
     row.tflops = flops / (row.time_us * 1e6)
     row.pct_copy_bw = 100 * row.gbps / ceilings.copy_gbps
@@ -439,7 +353,7 @@ def fill_metrics(row: Row, ceilings: Ceilings, kv_token_bytes: int, q_elsize: in
 
 def error_tolerance(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
     """The relative L2 error vs float64 a correct ``backend`` declares for these dtypes."""
-    return output_tolerance(OP, backend, dtype, kv_dtype)
+    return MLA_DECODING.tolerance(backend, dtype, kv_dtype)
 
 
 def new_row(backend: str, shape: Shape, cfg: BenchConfig, split: int | None, status: str = "", note: str = "") -> Row:
@@ -703,9 +617,10 @@ def parse_backends(text: str | None, device: torch.device) -> list[str]:
     if not text:
         return default_backends(device)
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in BACKENDS]
+    valid = backend_names()
+    unknown = [n for n in names if n not in valid]
     if unknown:
-        raise ValueError(f"--backends: unknown backend(s) {', '.join(unknown)}; valid names are {', '.join(BACKENDS)}")
+        raise ValueError(f"--backends: unknown backend(s) {', '.join(unknown)}; valid names are {', '.join(valid)}")
     return names
 
 
@@ -770,7 +685,7 @@ def auto_choice(shape_rows: list[Row], data: ShapeData) -> str | None:
 
     step = data.sets[0]
     try:
-        call = validate_mla_decoding(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, None))
+        call = MLA_DECODING.validate(step.q, step.qpe, step.kv, step.kpe, **op_kwargs(data, step, None))
         return select(OP, call, "auto").backend
     except Exception:  # noqa: BLE001 - the column says "-" when nothing can run
         return None

@@ -8,14 +8,15 @@ from collections.abc import Sequence
 
 import torch
 
-from tilegym.backend import BACKENDS, backend_status, device_vendor, registered_ops
+from tilegym.backend import backend_names, backend_status, device_vendor, registered_ops
 from tilegym.ops import mla_decoding_split_kv
-from tilegym.testing import REL_L2_TOLERANCE, make_mla_inputs, mla_decode_float64, relative_error
+from tilegym.ops.mla_decoding import MLA_DECODING
+from tilegym.testing import make_mla_inputs, relative_error
 from tilegym.timing import time_call_us
 
 # Representative DeepSeek-V3 decode step with tensor parallelism 8: 16 heads per GPU.
-GPU_DEMO_SHAPE = {"batch": 32, "heads": 16, "seq_len": 4096}
-CPU_DEMO_SHAPE = {"batch": 2, "heads": 16, "seq_len": 256}
+GPU_DEMO_SHAPE = MLA_DECODING.demo_shapes["cuda"]
+CPU_DEMO_SHAPE = MLA_DECODING.demo_shapes["cpu"]
 
 
 # What `info` says on a CPU when Triton's interpreter is off.
@@ -68,8 +69,8 @@ def info_main(argv: Sequence[str] | None = None) -> int:
 
 def demo_backends(vendor: str) -> list[str]:
     """Backends that can run mla_decoding_split_kv on this vendor's devices here."""
-    status = backend_status("mla_decoding_split_kv", vendor)
-    return [b for b in BACKENDS if not status[b]]
+    status = backend_status(MLA_DECODING.name, vendor)
+    return [b for b in backend_names() if not status[b]]
 
 
 def demo(backends: Sequence[str] | None = None, device: torch.device | None = None) -> int:
@@ -85,15 +86,14 @@ def demo(backends: Sequence[str] | None = None, device: torch.device | None = No
         os.environ["TRITON_INTERPRET"] = "1"
     available = demo_backends(vendor)
     chosen = available if backends is None else list(backends)
-    shape = GPU_DEMO_SHAPE if device.type == "cuda" else CPU_DEMO_SHAPE
-    # Triton's CPU interpreter computes bf16 dots wrongly (integer math on the bits): fp16 there.
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    shape = MLA_DECODING.demo_shapes[device.type]
+    dtype = torch.bfloat16
     inputs = make_mla_inputs(**shape, device=device, dtype=dtype)
-    expected, _ = mla_decode_float64(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
+    expected, _ = MLA_DECODING.oracle(inputs.q, inputs.qpe, inputs.kv, inputs.kpe)
     print(f"mla_decoding_split_kv on {describe_device(device)}: {dtype}, D=512, P=64, {shape}")
     print(f"{'backend':10s} {'rel. L2 error':>14s} {'max abs error':>14s} {'us/call':>10s}  status")
     failures = 0
-    status = backend_status("mla_decoding_split_kv", vendor)
+    status = backend_status(MLA_DECODING.name, vendor)
     for backend in chosen:
         if backend not in available:
             failures += 1
@@ -112,10 +112,10 @@ def demo(backends: Sequence[str] | None = None, device: torch.device | None = No
             failures += 1
             print(f"{backend:10s} {'-':>14s} {'-':>14s} {'-':>10s}  FAILED: {type(exc).__name__}: {exc}")
             continue
-        ok = err < REL_L2_TOLERANCE[dtype]
+        ok = err <= MLA_DECODING.tolerance(backend, dtype, dtype)
         failures += not ok
         print(f"{backend:10s} {err:14.2e} {max_abs:14.2e} {us:10.1f}  {'ok' if ok else 'MISMATCH'}")
-    skipped = [b for b in BACKENDS if b not in available and b not in chosen]
+    skipped = [b for b in backend_names() if b not in available and b not in chosen]
     if backends is None and skipped:
         print(f"not run here: {', '.join(skipped)} (see `python -m tilegym info`)")
     return 1 if failures else 0
@@ -123,10 +123,11 @@ def demo(backends: Sequence[str] | None = None, device: torch.device | None = No
 
 def _backend_list(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in BACKENDS]
+    valid = backend_names()
+    unknown = [n for n in names if n not in valid]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown backend(s) {', '.join(unknown) or repr(text)}; valid names are {', '.join(BACKENDS)}"
+            f"unknown backend(s) {', '.join(unknown) or repr(text)}; valid names are {', '.join(valid)}"
         )
     return names
 
@@ -137,7 +138,7 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
         prog="python -m tilegym demo",
         description="Run mla_decoding_split_kv once per backend on random inputs (GPU: bf16, "
         f"B/H/S = {GPU_DEMO_SHAPE['batch']}/{GPU_DEMO_SHAPE['heads']}/{GPU_DEMO_SHAPE['seq_len']}; "
-        f"CPU: fp16, {CPU_DEMO_SHAPE['batch']}/{CPU_DEMO_SHAPE['heads']}/{CPU_DEMO_SHAPE['seq_len']}) "
+        f"CPU: bf16, {CPU_DEMO_SHAPE['batch']}/{CPU_DEMO_SHAPE['heads']}/{CPU_DEMO_SHAPE['seq_len']}) "
         "and print each one's error against a float64 computation and its time per call. "
         "On a CPU it sets TRITON_INTERPRET=1 (unless already set) so the Triton kernels run in "
         "Triton's interpreter. Exit code 1 if any backend fails.",
@@ -145,7 +146,7 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--backends",
         type=_backend_list,
-        help=f"comma-separated backends to run, from {','.join(BACKENDS)} (default: every one available here)",
+        help=f"comma-separated backends to run, from {','.join(backend_names())} (default: every one available here)",
     )
     parser.add_argument(
         "--device",

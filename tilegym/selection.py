@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
 TABLE_FORMAT = 1
-DEFAULT_OP = "mla_decoding_split_kv"
+DEFAULT_OP = "mla_decoding_split_kv"  # MLA_DECODING.name in tilegym.ops.mla_decoding
 TABLES_PACKAGE_DIR = "selection_tables"
 GENERATOR = "python -m tilegym selection-table"
 

@@ -212,6 +212,18 @@ def share_prefix(x: MLAInputs, tokens: int) -> None:
     x.cache[1:, :tokens] = x.cache[:1, :tokens]
 
 
+def splitk_reduce_float64(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> torch.Tensor:
+    """Oracle of ``splitk_reduce``: softmax(lse) over the splits weights the partials (float64, CPU).
+
+    Empty splits (lse -inf) weigh nothing and are never read; a row with no live split gives zeros.
+    """
+    lse = partial_lse.detach().cpu().double()
+    live = lse != float("-inf")
+    weights = torch.where(live.any(-1, keepdim=True), torch.softmax(lse, dim=-1), 0.0)  # NaN lse stays NaN
+    parts = torch.where(live[..., None], partial_out.detach().cpu().double(), 0.0)
+    return torch.einsum("bhn,bhnd->bhd", torch.where(live, weights, 0.0), parts)
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64 (0 when both are all zeros)."""
     actual, expected = actual.detach().cpu().double(), expected.detach().cpu().double()

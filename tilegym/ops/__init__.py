@@ -17,12 +17,14 @@ import torch
 from tilegym.backend import select
 from tilegym.ops import torch_library
 from tilegym.ops.contract import MLADecodeCall, validate_mla_decoding, validate_splitk_reduce
+from tilegym.ops.mla_decoding import MLA_DECODING
+from tilegym.ops.mla_decoding import SPLITK_REDUCE as SPLITK_REDUCE_SPEC
 from tilegym.ops.plan import MLADecodePlan
 
 __all__ = ["MLADecodePlan", "mla_decoding_split_kv", "plan_mla_decoding", "splitk_reduce"]
 
-MLA_DECODE = "mla_decoding_split_kv"
-SPLITK_REDUCE = "splitk_reduce"
+MLA_DECODE = MLA_DECODING.name
+SPLITK_REDUCE = SPLITK_REDUCE_SPEC.name
 
 Result = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 

@@ -18,6 +18,7 @@ import torch
 
 from tilegym.backend import register_impl
 from tilegym.ops.contract import DENSE, PAGED, MLADecodeCall, SplitKReduceCall
+from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
 from tilegym.utils import next_power_of_2
 
 ALL_VENDORS = ("nvidia", "amd", "cpu")
@@ -150,12 +151,12 @@ def _dequantized(t: torch.Tensor, kv_scale: torch.Tensor | None, valid: torch.Te
     return torch.where(valid[..., None], t, 0.0)
 
 
-@register_impl("mla_decoding_split_kv", "torch", vendors=ALL_VENDORS)
+@register_impl(MLA_DECODING.name, "torch", vendors=ALL_VENDORS)
 def plan_mla_decoding_split_kv(call: MLADecodeCall) -> TorchDecodeRunner:
     return TorchDecodeRunner(call)
 
 
-@register_impl("splitk_reduce", "torch", vendors=ALL_VENDORS)
+@register_impl(SPLITK_REDUCE.name, "torch", vendors=ALL_VENDORS)
 def splitk_reduce(call: SplitKReduceCall) -> None:
     merged, _ = merge_splits(call.partial_out, call.partial_lse)
     call.out.copy_(merged)

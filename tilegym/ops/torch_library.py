@@ -15,11 +15,12 @@ import torch
 
 from tilegym.backend import select
 from tilegym.ops.contract import validate_mla_decoding, validate_splitk_reduce
+from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
 
 NO_LSE_SHAPE = (0,)  # custom ops return fresh tensors: an empty one stands for "no lse"
 
 
-@torch.library.custom_op("tilegym::mla_decoding_split_kv", mutates_args=())
+@torch.library.custom_op(f"tilegym::{MLA_DECODING.name}", mutates_args=())
 def mla_decoding_split_kv_op(
     q: torch.Tensor,
     qpe: torch.Tensor,
@@ -79,13 +80,13 @@ def _(
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("tilegym::splitk_reduce", mutates_args=("out",))
+@torch.library.custom_op(f"tilegym::{SPLITK_REDUCE.name}", mutates_args=("out",))
 def splitk_reduce_op(
     partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, backend: str | None
 ) -> None:
     """Writes the merged splits into ``out``."""
     call = validate_splitk_reduce(partial_out, partial_lse, out=out)
-    select("splitk_reduce", call, backend).run(call)
+    select(SPLITK_REDUCE.name, call, backend).run(call)
 
 
 @splitk_reduce_op.register_fake

@@ -10,13 +10,14 @@ from __future__ import annotations
 from tilegym.backend import register_impl, register_probe
 from tilegym.ops.aiter import support
 from tilegym.ops.contract import MLADecodeCall
+from tilegym.ops.mla_decoding import MLA_DECODING
 
 register_probe("aiter", support.probe)
 
 
 # aiter's fp8 kernels take an fp8 query: the adapter quantises it (per tensor), which widens the error.
 @register_impl(
-    "mla_decoding_split_kv", "aiter", vendors=("amd",), supports=support.mla_decode_reasons, quantizes_query=("fp8",)
+    MLA_DECODING.name, "aiter", vendors=("amd",), supports=support.mla_decode_reasons, quantizes_query=("fp8",)
 )
 def plan_mla_decoding_split_kv(call: MLADecodeCall) -> object:
     from tilegym.ops.aiter.mla_decoding_split_kv import plan

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tilegym.backend import register_impl, register_probe
+from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
 
 NVIDIA = ("nvidia",)
 MIN_CAPABILITY = (8, 0)
@@ -46,7 +47,7 @@ def _mla_supports(call: Any) -> list[str]:
     return supports(call)
 
 
-@register_impl("mla_decoding_split_kv", "tilecpp", vendors=NVIDIA, supports=_mla_supports)
+@register_impl(MLA_DECODING.name, "tilecpp", vendors=NVIDIA, supports=_mla_supports)
 def plan_mla_decoding_split_kv(call: Any) -> Any:
     from tilegym.ops.tilecpp.mla_decoding_split_kv import plan
 
@@ -59,7 +60,7 @@ def _splitk_supports(call: Any) -> list[str]:
     return splitk_reduce_supports(call)
 
 
-@register_impl("splitk_reduce", "tilecpp", vendors=NVIDIA, supports=_splitk_supports)
+@register_impl(SPLITK_REDUCE.name, "tilecpp", vendors=NVIDIA, supports=_splitk_supports)
 def run_splitk_reduce(call: Any) -> None:
     from tilegym.ops.tilecpp.splitk_reduce import splitk_reduce as run
 

@@ -17,6 +17,7 @@ import torch
 
 from tilegym.backend import register_impl, register_probe
 from tilegym.ops.contract import MLADecodeCall, SplitKReduceCall
+from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
 
 VENDORS = ("nvidia", "amd", "cpu")
 HEAD_DIM_RANGE = (16, 512)  # latent width D: power of two; >= 16 for tl.dot, <= 512 for registers
@@ -96,16 +97,14 @@ def mla_supports(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
-@register_impl(
-    "mla_decoding_split_kv", "triton", vendors=VENDORS, supports=mla_supports, vendor_reasons=_interpreter_reasons
-)
+@register_impl(MLA_DECODING.name, "triton", vendors=VENDORS, supports=mla_supports, vendor_reasons=_interpreter_reasons)
 def plan_mla_decoding_split_kv(call: MLADecodeCall) -> object:
     from tilegym.ops.triton.mla_decoding_split_kv import plan
 
     return plan(call)
 
 
-@register_impl("splitk_reduce", "triton", vendors=VENDORS, vendor_reasons=_interpreter_reasons)
+@register_impl(SPLITK_REDUCE.name, "triton", vendors=VENDORS, vendor_reasons=_interpreter_reasons)
 def splitk_reduce(call: SplitKReduceCall) -> None:
     from tilegym.ops.triton.splitk_reduce import splitk_reduce_into
 
