@@ -243,7 +243,7 @@ def _validate_positive_int(name: str, value: object) -> int:
     return int(value)
 
 
-def _validate_scale(name: str, value: object) -> float:
+def validate_scale(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
@@ -354,7 +354,7 @@ def _check_kv_scale_values(kv_scale: torch.Tensor) -> None:
         raise ValueError(f"kv_scale must be finite and > 0, got {value}")
 
 
-def _validate_kv_scale(kv_scale: object, kv: torch.Tensor, *, host_checks: bool) -> torch.Tensor | None:
+def validate_kv_scale(kv_scale: object, kv: torch.Tensor, *, host_checks: bool) -> torch.Tensor | None:
     if kv.dtype not in FP8_DTYPES:
         if kv_scale is not None:
             raise ValueError(f"kv_scale is only for fp8 kv/kpe; kv has dtype {kv.dtype}")
@@ -371,7 +371,7 @@ def _validate_kv_scale(kv_scale: object, kv: torch.Tensor, *, host_checks: bool)
         if host_checks and (kv_scale.device.type == "cpu" or check_indices_on_device()):
             _check_kv_scale_values(kv_scale)
         return kv_scale.reshape(1)
-    value = _validate_scale("kv_scale", kv_scale)
+    value = validate_scale("kv_scale", kv_scale)
     return torch.full((1,), value, dtype=torch.float32, device=kv.device)
 
 
@@ -562,7 +562,7 @@ def validate_mla_decoding(
     layout = _validate_layout(kv, kpe, q4, rope_dim, lens, block_table, kv_indptr, kv_indices, host_checks=host_checks)
     return_lse = _validate_bool("return_lse", return_lse)
     causal = _validate_bool("causal", causal)
-    scale = 1.0 / math.sqrt(head_dim + rope_dim) if sm_scale is None else _validate_scale("sm_scale", sm_scale)
+    scale = 1.0 / math.sqrt(head_dim + rope_dim) if sm_scale is None else validate_scale("sm_scale", sm_scale)
     split = None if kv_len_per_split is None else _validate_positive_int("kv_len_per_split", kv_len_per_split)
     check_inference_only(
         {"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, "out": out if isinstance(out, torch.Tensor) else None}
@@ -583,7 +583,7 @@ def validate_mla_decoding(
         sm_scale=scale,
         kv_len_per_split=split,
         kv_lens=lens,
-        kv_scale=_validate_kv_scale(kv_scale, kv, host_checks=host_checks),
+        kv_scale=validate_kv_scale(kv_scale, kv, host_checks=host_checks),
         return_lse=return_lse,
         out=out4,
         layout=layout.name,

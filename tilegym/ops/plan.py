@@ -19,39 +19,10 @@ from typing import Any, Protocol
 
 import torch
 
-from tilegym.ops.contract import MLADecodeCall, check_out_does_not_overlap, overlaps
-
-_UNSET = object()
+from tilegym.ops.contract import MLADecodeCall, check_out_does_not_overlap, overlaps, validate_kv_scale
 
 
 class Runner(Protocol):
-    def call_arguments(
-        self,
-        q: torch.Tensor,
-        qpe: torch.Tensor,
-        kv: torch.Tensor,
-        kpe: torch.Tensor,
-        kv_scale: torch.Tensor | float | None,
-        out: torch.Tensor | None,
-        backend: str,
-    ) -> dict[str, Any]:
-        """The arguments of an unplanned call equivalent to running this plan on these tensors."""
-        c = self.call
-        return {
-            "q": q,
-            "qpe": qpe,
-            "kv": kv,
-            "kpe": kpe,
-            "sm_scale": c.sm_scale,
-            "kv_len_per_split": c.kv_len_per_split,
-            "kv_scale": c.kv_scale if kv_scale is None else kv_scale,
-            "causal": c.causal,
-            "return_lse": c.return_lse,
-            "out": out,
-            "backend": backend,
-            **self._fixed,
-        }
-
     def run(
         self,
         q: torch.Tensor,
@@ -118,7 +89,7 @@ class MLADecodePlan:
         """Raise when a call passes an option (other than None) that differs from the plan's."""
         call = self.call
         for name, given in options.items():
-            if given is None or given is _UNSET:
+            if given is None:
                 continue
             if name in self._fixed:
                 if given is not self._fixed[name]:
@@ -154,11 +125,9 @@ class MLADecodePlan:
                 "call them under torch.no_grad() or torch.inference_mode()"
             )
 
-    def output(self, out: torch.Tensor | None, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """``out`` checked against the plan (or a new one)."""
+    def check_out(self, out: object, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Raise unless ``out`` fits the plan (the detailed checks behind ``_fast_output``)."""
         c = self.call
-        if out is None:
-            return torch.empty(self._out_shape, dtype=c.q.dtype, device=c.q.device)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
         if tuple(out.shape) != self._out_shape or out.dtype != c.q.dtype or out.device != c.q.device:
@@ -175,24 +144,10 @@ class MLADecodePlan:
         return out
 
     def kv_scale_tensor(self, kv_scale: torch.Tensor | float | None) -> torch.Tensor | None:
-        """The call's fp8 scale as a float32 [1] device tensor (each layer may have its own)."""
-        c = self.call
-        if not c.is_fp8:
-            if kv_scale is not None:
-                raise ValueError(f"kv_scale is only for fp8 kv/kpe; kv has dtype {c.kv.dtype}")
-            return None
-        if kv_scale is None:
-            return c.kv_scale
-        if isinstance(kv_scale, torch.Tensor):
-            if kv_scale.numel() != 1 or kv_scale.dtype != torch.float32 or kv_scale.device != c.kv.device:
-                raise ValueError(
-                    f"kv_scale must be a float32 tensor of one element on {c.kv.device}, got "
-                    f"{kv_scale.dtype} shape {tuple(kv_scale.shape)} on {kv_scale.device}"
-                )
-            return kv_scale
-        from tilegym.ops.contract import _validate_scale
-
-        return torch.full((1,), _validate_scale("kv_scale", kv_scale), dtype=torch.float32, device=c.kv.device)
+        """The call's fp8 scale as a float32 [1] device tensor (each layer may have its own; None: the plan's)."""
+        if kv_scale is None and self.call.is_fp8:
+            return self.call.kv_scale
+        return validate_kv_scale(kv_scale, self.call.kv, host_checks=False)
 
     def call_arguments(
         self,
@@ -269,10 +224,10 @@ class MLADecodePlan:
             and out.is_contiguous()
             and not (out.requires_grad and torch.is_grad_enabled())
         ):
-            return self.output(out, inputs)  # raises with the reason
+            return self.check_out(out, inputs)  # raises with the reason
         begin, end = out.data_ptr(), out.data_ptr() + self._out_bytes
         for t, extent in zip(inputs, self._extents, strict=True):
             start = t.data_ptr()
             if start < end and begin < start + extent:
-                return self.output(out, inputs)  # same bytes: the full check names the input
+                return self.check_out(out, inputs)  # same bytes: the full check names the input
         return out

@@ -38,6 +38,7 @@ import triton.language as tl
 from tilegym.ops.contract import MLADecodeCall
 from tilegym.ops.schedule import ScheduleShape, SplitSchedule, layout_code, schedule_shape
 from tilegym.ops.triton.launcher import KernelLauncher, all_aligned, interpreting
+from tilegym.ops.triton.splitk_reduce import merge_splits
 from tilegym.utils import cdiv, next_power_of_2
 
 LOG2_E = math.log2(math.e)
@@ -457,35 +458,12 @@ def _mla_combine_kernel(
     merge = count > 1
     n_merge = tl.where(merge, count, 0)
     first_slot = (first + b).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lse_col = part_lse_ptr + first_slot * query_rows + r
     out_col = part_out_ptr + (first_slot * query_rows + r) * HEAD_DIM
-
-    running = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, n_merge, BLOCK_S):
-        s_mask = s0 + offs_s < n_merge
-        lse = tl.load(lse_col + (s0 + offs_s) * query_rows, mask=s_mask, other=float("-inf"))
-        running = tl.maximum(running, lse, propagate_nan=tl.PropagateNan.ALL)
-    top = tl.max(running, axis=0)
-    shift = tl.where(top == float("-inf"), 0.0, top)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    total = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, n_merge, BLOCK_S):
-        s_mask = s0 + offs_s < n_merge
-        lse = tl.load(lse_col + (s0 + offs_s) * query_rows, mask=s_mask, other=float("-inf"))
-        live = s_mask & (lse != float("-inf"))  # NaN stays live: NaN in, NaN out
-        weight = tl.where(live, tl.exp(lse - shift), 0.0)
-        total += weight
-        part = tl.load(
-            out_col + ((s0 + offs_s) * query_rows * HEAD_DIM)[:, None] + offs_d[None, :],
-            mask=live[:, None],
-            other=0.0,
-        )
-        acc += tl.sum(weight[:, None] * part, axis=0)
-    weight_sum = tl.sum(total, axis=0)
-    has = weight_sum > 0
-    merged = tl.where(has, acc / tl.where(has, weight_sum, 1.0), acc)
+    merged, merged_lse = merge_splits(
+        lse_col, query_rows, out_col, query_rows * HEAD_DIM, offs_d, offs_d < HEAD_DIM, n_merge, BLOCK_S, BLOCK_D
+    )
     row = b.to(tl.int64) * query_rows + r
     write = merge | empty
     tl.store(
@@ -493,8 +471,6 @@ def _mla_combine_kernel(
     )
     if WRITE_LSE:
         if pid_d == 0:
-            merged_lse = tl.where(has, shift + tl.log(tl.where(has, weight_sum, 1.0)), float("-inf"))
-            merged_lse = tl.where(weight_sum != weight_sum, weight_sum, merged_lse)
             tl.store(lse_ptr + row, merged_lse, write)
 
 

@@ -50,6 +50,54 @@ DEFAULT_TILES = ReduceTiles(min_block_d=32)
 
 
 @triton.jit
+def merge_splits(
+    lse_row,
+    stride_lse_n,
+    po_row,
+    stride_po_n,
+    offs_d,
+    d_mask,
+    num_splits,
+    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Merge ``num_splits`` partial rows (split n at ``po_row + n * stride_po_n``, lse at
+    ``lse_row + n * stride_lse_n``) into (float32 [BLOCK_D] output, natural-log lse).
+
+    Two passes, BLOCK_SPLITS splits at a time: the largest lse, then the weighted sum. A split
+    with lse -inf weighs nothing and its partial is never loaded; no live split gives zeros and
+    lse -inf; a NaN or +inf lse gives NaN (NaN in, NaN out). Shared by ``splitk_reduce`` and the
+    decode's own combine, which differ only in where the splits of a row live.
+    """
+    offs_n = tl.arange(0, BLOCK_SPLITS)
+    running_max = tl.full([BLOCK_SPLITS], float("-inf"), tl.float32)
+    for n0 in range(0, num_splits, BLOCK_SPLITS):
+        n_mask = n0 + offs_n < num_splits
+        lse = tl.load(lse_row + (n0 + offs_n) * stride_lse_n, mask=n_mask, other=float("-inf"))
+        running_max = tl.maximum(running_max, lse, propagate_nan=tl.PropagateNan.ALL)
+    lse_max = tl.max(running_max, axis=0)
+    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    weight_sum = tl.zeros([BLOCK_SPLITS], tl.float32)
+    for n0 in range(0, num_splits, BLOCK_SPLITS):
+        n_mask = n0 + offs_n < num_splits
+        lse = tl.load(lse_row + (n0 + offs_n) * stride_lse_n, mask=n_mask, other=float("-inf"))
+        live = n_mask & (lse != float("-inf"))  # NaN stays live
+        weight = tl.where(live, tl.exp(lse - shift), 0.0)
+        weight_sum += weight
+        part = tl.load(
+            po_row + (n0 + offs_n)[:, None] * stride_po_n + offs_d[None, :],
+            mask=live[:, None] & d_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc += tl.sum(weight[:, None] * part, axis=0)
+    total = tl.sum(weight_sum, axis=0)
+    merged = tl.where(total > 0, acc / tl.where(total > 0, total, 1.0), acc)
+    merged_lse = tl.where(total > 0, shift + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+    return merged, tl.where(total != total, total, merged_lse)
+
+
+@triton.jit
 def _splitk_reduce_kernel(
     po_ptr,
     plse_ptr,
@@ -80,42 +128,17 @@ def _splitk_reduce_kernel(
     pid_d = tl.program_id(1)
     b = (pid_bh // num_heads).to(tl.int64)
     h = (pid_bh % num_heads).to(tl.int64)
-    offs_n = tl.arange(0, BLOCK_SPLITS)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
     lse_row = plse_ptr + b * stride_pl_b + h * stride_pl_h
     po_row = po_ptr + b * stride_po_b + h * stride_po_h
 
-    running_max = tl.full([BLOCK_SPLITS], float("-inf"), tl.float32)
-    for n0 in range(0, num_splits, BLOCK_SPLITS):
-        n_mask = n0 + offs_n < num_splits
-        lse = tl.load(lse_row + (n0 + offs_n) * stride_pl_n, mask=n_mask, other=float("-inf"))
-        running_max = tl.maximum(running_max, lse, propagate_nan=tl.PropagateNan.ALL)
-    lse_max = tl.max(running_max, axis=0)
-    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    weight_sum = tl.zeros([BLOCK_SPLITS], tl.float32)
-    for n0 in range(0, num_splits, BLOCK_SPLITS):
-        n_mask = n0 + offs_n < num_splits
-        lse = tl.load(lse_row + (n0 + offs_n) * stride_pl_n, mask=n_mask, other=float("-inf"))
-        live = n_mask & (lse != float("-inf"))
-        weight = tl.where(live, tl.exp(lse - shift), 0.0)
-        weight_sum += weight
-        part = tl.load(
-            po_row + (n0 + offs_n)[:, None] * stride_po_n + offs_d[None, :],
-            mask=live[:, None] & d_mask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        acc += tl.sum(weight[:, None] * part, axis=0)
-
-    total = tl.sum(weight_sum, axis=0)
-    merged = tl.where(total > 0, acc / tl.where(total > 0, total, 1.0), acc)
+    merged, merged_lse = merge_splits(
+        lse_row, stride_pl_n, po_row, stride_po_n, offs_d, d_mask, num_splits, BLOCK_SPLITS, BLOCK_D
+    )
     tl.store(out_ptr + b * stride_o_b + h * stride_o_h + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
     if WRITE_LSE:
         if pid_d == 0:
-            merged_lse = tl.where(total > 0, shift + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
-            merged_lse = tl.where(total != total, total, merged_lse)
             tl.store(lse_out_ptr + b * stride_lo_b + h * stride_lo_h, merged_lse)
 
 
