@@ -199,217 +199,107 @@ def _mla_split_kernel(
         row_end = tl.load(cum_ptr + b + 1)
         lo = tl.maximum(start, row_begin)
         hi = tl.maximum(tl.minimum(start + per, row_end), lo)  # lo == hi: nothing of this row here
-        _attend_segment(
-            q_ptr,
-            qpe_ptr,
-            kv_ptr,
-            kpe_ptr,
-            kv_scale_ptr,
-            table_ptr,
-            indptr_ptr,
-            out_ptr,
-            lse_ptr,
-            part_out_ptr,
-            part_lse_ptr,
-            b,
-            piece + b,
-            lo - row_begin,
-            hi - row_begin,
-            (lo < hi) & (lo == row_begin) & (hi == row_end),
-            (lo < hi) & ((lo != row_begin) | (hi != row_end)),
-            tl.load(lens_ptr + b),
-            offs_r,
-            r_mask,
-            token,
-            head,
-            offs_d,
-            offs_p,
-            score_scale,
-            q_len,
-            query_rows,
-            num_pages,
-            num_indices,
-            stride_q_b,
-            stride_q_q,
-            stride_q_h,
-            stride_qpe_b,
-            stride_qpe_q,
-            stride_qpe_h,
-            stride_kv_0,
-            stride_kv_1,
-            stride_kpe_0,
-            stride_kpe_1,
-            stride_table_b,
-            HEAD_DIM,
-            ROPE_DIM,
-            BLOCK_H,
-            BLOCK_N,
-            LAYOUT,
-            PAGE_SIZE,
-            NUM_STAGES,
-            CAUSAL,
-            IS_FP8,
-            FP8_V_FP16,
-            FP8_ONE_TILE,
-            WRITE_LSE,
-            DOT_F32,
-        )
-
-
-@triton.jit
-def _attend_segment(
-    q_ptr,
-    qpe_ptr,
-    kv_ptr,
-    kpe_ptr,
-    kv_scale_ptr,
-    table_ptr,
-    indptr_ptr,
-    out_ptr,
-    lse_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    b,
-    slot,
-    blk_lo,
-    blk_hi,
-    writes_final,
-    writes_partial,
-    length,
-    offs_r,
-    r_mask,
-    token,
-    head,
-    offs_d,
-    offs_p,
-    score_scale,
-    q_len,
-    query_rows,
-    num_pages,
-    num_indices,
-    stride_q_b,
-    stride_q_q,
-    stride_q_h,
-    stride_qpe_b,
-    stride_qpe_q,
-    stride_qpe_h,
-    stride_kv_0,
-    stride_kv_1,
-    stride_kpe_0,
-    stride_kpe_1,
-    stride_table_b,
-    HEAD_DIM: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    IS_FP8: tl.constexpr,
-    FP8_V_FP16: tl.constexpr,
-    FP8_ONE_TILE: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-    DOT_F32: tl.constexpr,
-):
-    """Row b's blocks [blk_lo, blk_hi) for BLOCK_H query rows: the final output when the
-    segment is the whole row (``writes_final``), else a float32 partial and lse in work slot
-    ``slot`` (``writes_partial``); nothing without work. No branches: the loop runs zero times
-    and the stores are masked, which keeps the KV loop a plain pipelined loop."""
-    b64 = b + tl.zeros([], tl.int64)  # the loop index may be a plain int under the interpreter
-    q_rows = b64 * stride_q_b + token * stride_q_q + head * stride_q_h
-    qpe_rows = b64 * stride_qpe_b + token * stride_qpe_q + head * stride_qpe_h
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=r_mask[:, None], other=0.0)
-    qpe = tl.load(qpe_ptr + qpe_rows[:, None] + offs_p[None, :], mask=r_mask[:, None], other=0.0)
-    # Causal MTP: new token i of a row of length L sees positions < L - Q + 1 + i.
-    if CAUSAL:
-        limit = length - q_len + 1 + token
-    else:
-        limit = tl.zeros([BLOCK_H], tl.int32) + length
-
-    row_scale = tl.full([BLOCK_H], 1.0, tl.float32) * score_scale
-    if IS_FP8:
-        kv_scale = tl.load(kv_scale_ptr)
-        row_scale = row_scale * kv_scale
-        if FP8_ONE_TILE:
-            q, qpe, head_scale = _queries_to_fp16(q, qpe)
-            row_scale = row_scale * head_scale
-
-    kv_row = kv_ptr
-    kpe_row = kpe_ptr
-    table_row = table_ptr
-    if LAYOUT == 0:
-        kv_row = kv_ptr + b64 * stride_kv_0
-        kpe_row = kpe_ptr + b64 * stride_kpe_0
-    elif LAYOUT == 1:
-        table_row = table_ptr + b64 * stride_table_b
-    else:
-        table_row = table_ptr + tl.minimum(tl.maximum(tl.load(indptr_ptr + b), 0), num_indices)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
-        n0 = blk * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < length
-        kv_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
-        kpe_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
-        kv = tl.load(kv_row + kv_offs[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-        if IS_FP8 and FP8_ONE_TILE:
-            # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
-            kv = kv.to(tl.float16)
-            kpe = kpe.to(tl.float16)
-            v = kv
-        elif IS_FP8:
-            if FP8_V_FP16:
-                v = kv.to(tl.float16)
-            else:
-                v = kv.to(q_ptr.dtype.element_ty)
-            kv = kv.to(q_ptr.dtype.element_ty)
-            kpe = kpe.to(q_ptr.dtype.element_ty)
+        # Row b's blocks [lo, hi) (step-wide numbering) give the final output when they are the
+        # whole row, else a float32 partial and lse in work slot piece + b. No branches: without
+        # work the KV loop runs zero times and the stores are masked off, which keeps the KV loop
+        # a plain pipelined loop.
+        writes_final = (lo < hi) & (lo == row_begin) & (hi == row_end)
+        writes_partial = (lo < hi) & ((lo != row_begin) | (hi != row_end))
+        length = tl.load(lens_ptr + b)
+        b64 = b + tl.zeros([], tl.int64)  # the loop index may be a plain int under the interpreter
+        q_rows = b64 * stride_q_b + token * stride_q_q + head * stride_q_h
+        qpe_rows = b64 * stride_qpe_b + token * stride_qpe_q + head * stride_qpe_h
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=r_mask[:, None], other=0.0)
+        qpe = tl.load(qpe_ptr + qpe_rows[:, None] + offs_p[None, :], mask=r_mask[:, None], other=0.0)
+        # Causal MTP: new token i of a row of length L sees positions < L - Q + 1 + i.
+        if CAUSAL:
+            limit = length - q_len + 1 + token
         else:
-            v = kv
-        scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
-        scores = _dot(q, tl.trans(kv), scores, DOT_F32)
-        visible = offs_n[None, :] < limit[:, None]
-        scores = tl.where(visible, scores * row_scale[:, None], float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        # A row that sees no token of this tile (causal MTP) keeps m = -inf: shift by 0 then.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
-        m_i = m_new
+            limit = tl.zeros([BLOCK_H], tl.int32) + length
 
-    if IS_FP8:
-        acc = acc * kv_scale
-    # No visible token: zeros and lse -inf (the combine skips it). NaN in the row's data makes
-    # l NaN, and then the lse too, so the combine keeps the NaN (NaN in, NaN out).
-    empty = l_i == 0
-    safe_l = tl.where(empty, 1.0, l_i)
-    out = acc / safe_l[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(safe_l)) / 1.4426950408889634)
-    # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
-    final_mask = offs_r < tl.where(writes_final, query_rows, 0)
-    part_mask = offs_r < tl.where(writes_partial, query_rows, 0)
-    final_rows = b64 * query_rows + offs_r
-    tl.store(
-        out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        final_mask[:, None],
-    )
-    if WRITE_LSE:
-        tl.store(lse_ptr + final_rows, lse, final_mask)
-    part_rows = (slot + tl.zeros([], tl.int64)) * query_rows + offs_r
-    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
-    tl.store(part_lse_ptr + part_rows, lse, part_mask)
+        row_scale = tl.full([BLOCK_H], 1.0, tl.float32) * score_scale
+        if IS_FP8:
+            kv_scale = tl.load(kv_scale_ptr)
+            row_scale = row_scale * kv_scale
+            if FP8_ONE_TILE:
+                q, qpe, head_scale = _queries_to_fp16(q, qpe)
+                row_scale = row_scale * head_scale
+
+        kv_row = kv_ptr
+        kpe_row = kpe_ptr
+        table_row = table_ptr
+        if LAYOUT == 0:
+            kv_row = kv_ptr + b64 * stride_kv_0
+            kpe_row = kpe_ptr + b64 * stride_kpe_0
+        elif LAYOUT == 1:
+            table_row = table_ptr + b64 * stride_table_b
+        else:
+            table_row = table_ptr + tl.minimum(tl.maximum(tl.load(indptr_ptr + b), 0), num_indices)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+        for blk in tl.range(lo - row_begin, hi - row_begin, num_stages=NUM_STAGES):
+            n0 = blk * BLOCK_N
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < length
+            kv_offs = _token_offsets(
+                table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
+            )
+            kpe_offs = _token_offsets(
+                table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+            )
+            kv = tl.load(kv_row + kv_offs[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+            if IS_FP8 and FP8_ONE_TILE:
+                # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
+                kv = kv.to(tl.float16)
+                kpe = kpe.to(tl.float16)
+                v = kv
+            elif IS_FP8:
+                if FP8_V_FP16:
+                    v = kv.to(tl.float16)
+                else:
+                    v = kv.to(q_ptr.dtype.element_ty)
+                kv = kv.to(q_ptr.dtype.element_ty)
+                kpe = kpe.to(q_ptr.dtype.element_ty)
+            else:
+                v = kv
+            scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+            scores = _dot(q, tl.trans(kv), scores, DOT_F32)
+            visible = offs_n[None, :] < limit[:, None]
+            scores = tl.where(visible, scores * row_scale[:, None], float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            # A row that sees no token of this tile (causal MTP) keeps m = -inf: shift by 0 then.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
+            m_i = m_new
+
+        if IS_FP8:
+            acc = acc * kv_scale
+        # No visible token: zeros and lse -inf (the combine skips it). NaN in the row's data makes
+        # l NaN, and then the lse too, so the combine keeps the NaN (NaN in, NaN out).
+        empty = l_i == 0
+        safe_l = tl.where(empty, 1.0, l_i)
+        out = acc / safe_l[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(safe_l)) / 1.4426950408889634)
+        # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
+        final_mask = offs_r < tl.where(writes_final, query_rows, 0)
+        part_mask = offs_r < tl.where(writes_partial, query_rows, 0)
+        final_rows = b64 * query_rows + offs_r
+        tl.store(
+            out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            final_mask[:, None],
+        )
+        if WRITE_LSE:
+            tl.store(lse_ptr + final_rows, lse, final_mask)
+        part_rows = (piece + b64) * query_rows + offs_r
+        tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
+        tl.store(part_lse_ptr + part_rows, lse, part_mask)
 
 
 @triton.jit
