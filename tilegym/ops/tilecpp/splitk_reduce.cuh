@@ -1,8 +1,8 @@
 // Split-KV combine: merge per-split partial outputs with their log-sum-exp.
 //
 // One program = (BLOCK_D columns, BLOCK_R consecutive (batch, head) rows). It walks the N splits
-// BLOCK_S at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile, keeping a running max of the lse
-// and rescaling its float32 sums, so N is a runtime argument:
+// BLOCK_S at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile, folding them into a running max
+// of the lse and rescaled float32 sums (tilegym::LseMerge), so N is a runtime argument:
 //   out[r, d] = sum_n exp(lse[r, n] - max_n lse[r, n]) * partial[r, n, d] / sum_n exp(...).
 // Splits with lse = -inf weigh nothing (their partials may hold anything, NaN included); a row whose
 // splits are all empty gives zeros; NaN in a live split (or an lse of NaN or +inf) gives NaN.
@@ -33,8 +33,6 @@ __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, c
   using i32_R = ct::tile<int, ct::shape<BLOCK_R>>;
   using i32_S = ct::tile<int, ct::shape<BLOCK_S>>;
   using i32_D = ct::tile<int, ct::shape<BLOCK_D>>;
-  using f32_R1 = ct::tile<float, ct::shape<BLOCK_R, 1>>;
-  using f32_RD = ct::tile<float, ct::shape<BLOCK_R, BLOCK_D>>;
 
   constexpr int kVec = 16 / sizeof(TIn);  // elements per 16-byte vector
   partial_out = ct::assume_aligned<16>(partial_out);
@@ -56,9 +54,7 @@ __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, c
   auto s3 = ct::reshape(ct::iota<i32_S>(), ct::shape<1, BLOCK_S, 1>{});
   auto d3 = ct::reshape(ct::iota<i32_D>() + d0, ct::shape<1, 1, BLOCK_D>{});
 
-  auto m = ct::full<f32_R1>(-INFINITY);  // running max of lse (natural log)
-  auto total = ct::zeros<f32_R1>();      // running sum of exp(lse - m)
-  auto acc = ct::zeros<f32_RD>();        // running sum of exp(lse - m) * partial
+  tilegym::LseMerge<BLOCK_R, BLOCK_D> merge;
   const int num_chunks = (num_splits + BLOCK_S - 1) / BLOCK_S;
   for (int chunk : ct::irange(0, num_chunks)) {
     const int n0 = chunk * BLOCK_S;
@@ -66,28 +62,13 @@ __tile_global__ void splitk_reduce_kernel(const TIn* __restrict__ partial_out, c
                                r_ok2 & ((s2 + n0) < num_splits), -INFINITY);
     auto part = ct::element_cast<float>(ct::load_masked(partial_out + n0 * po_sn + (po_row + s3 * (int)po_sn + d3),
                                                         r_ok3 & ((s3 + n0) < num_splits), TIn(0)));
-    auto m_new = ct::max(m, ct::reshape(ct::reduce_max(lse, ct::integral_constant<1>{}), ct::shape<BLOCK_R, 1>{}));
-    // While every split so far is empty, m_new is -inf: shift by 0 instead (no inf - inf).
-    auto shift = ct::select(m_new == -INFINITY, ct::zeros<f32_R1>(), m_new);
-    auto alpha = ct::exp2((m - shift) * tilegym::kLog2e);
-    auto w = ct::exp2((lse - shift) * tilegym::kLog2e);
-    total = total * alpha + ct::reshape(ct::sum(w, ct::integral_constant<1>{}), ct::shape<BLOCK_R, 1>{});
-    // An empty split's partial may hold anything (NaN included): it must weigh exactly nothing.
-    part = ct::select(ct::reshape(lse, ct::shape<BLOCK_R, BLOCK_S, 1>{}) == -INFINITY,
-                      ct::zeros<ct::tile<float, ct::shape<BLOCK_R, BLOCK_S, BLOCK_D>>>(), part);
-    auto weighted = ct::reshape(w, ct::shape<BLOCK_R, BLOCK_S, 1>{}) * part;
-    acc = acc * alpha + ct::reshape(ct::sum(weighted, ct::integral_constant<1>{}), ct::shape<BLOCK_R, BLOCK_D>{});
-    m = m_new;
+    merge.template add<BLOCK_S>(lse, part);
   }
-  // total == 0: every split empty (zeros, lse -inf); a NaN total (NaN or +inf lse) gives NaN.
-  auto none = total == 0.0f;
-  auto merged = ct::select(none, ct::zeros<f32_RD>(), acc / ct::select(none, ct::full<f32_R1>(1.0f), total));
   auto r_col = ct::reshape(r, ct::shape<BLOCK_R, 1>{});
   auto d_row = ct::reshape(ct::iota<i32_D>() + d0, ct::shape<1, BLOCK_D>{});
-  ct::store_masked(out + (r_col * head_dim + d_row), ct::element_cast<TOut>(merged), r_ok2);
+  ct::store_masked(out + (r_col * head_dim + d_row), ct::element_cast<TOut>(merge.merged()), r_ok2);
   if (write_lse && d0 == 0) {
-    auto lse = ct::select(none, ct::full<f32_R1>(-INFINITY), m + ct::log2(total) * tilegym::kLn2);
-    ct::store_masked(out_lse + r_col, lse, r_ok2);
+    ct::store_masked(out_lse + r_col, merge.lse(), r_ok2);
   }
 }
 
@@ -114,8 +95,6 @@ __tile_global__ void splitk_reduce_rows_kernel(const TIn* __restrict__ partial_o
   namespace ct = cuda::tiles;
   using i32_R = ct::tile<int, ct::shape<BLOCK_R>>;
   using i32_D = ct::tile<int, ct::shape<BLOCK_D>>;
-  using f32_R1 = ct::tile<float, ct::shape<BLOCK_R, 1>>;
-  using f32_RD = ct::tile<float, ct::shape<BLOCK_R, BLOCK_D>>;
 
   constexpr int kVec = 16 / sizeof(TIn);  // elements per 16-byte vector
   partial_out = ct::assume_aligned<16>(partial_out);
@@ -133,29 +112,14 @@ __tile_global__ void splitk_reduce_rows_kernel(const TIn* __restrict__ partial_o
   auto po_offs = r_col * (int)po_sr + d_row;
   auto lse_offs = r_col * (int)lse_sr;
 
-  auto m = ct::full<f32_R1>(-INFINITY);  // running max of lse (natural log)
-  auto total = ct::zeros<f32_R1>();      // running sum of exp(lse - m)
-  auto acc = ct::zeros<f32_RD>();        // running sum of exp(lse - m) * partial
+  tilegym::LseMerge<BLOCK_R, BLOCK_D> merge;
   for (int n : ct::irange(0, num_splits)) {
     auto lse = ct::load_masked(lse_block + n * lse_sn + lse_offs, r_ok, -INFINITY);
-    auto part = ct::element_cast<float>(ct::load_masked(po_block + n * po_sn + po_offs, r_ok, TIn(0)));
-    part = ct::select(lse == -INFINITY, ct::zeros<f32_RD>(), part);  // an empty split weighs nothing
-    auto m_new = ct::max(m, lse);
-    // While every split so far is empty, m_new is -inf: shift by 0 instead (no inf - inf).
-    auto shift = ct::select(m_new == -INFINITY, ct::zeros<f32_R1>(), m_new);
-    auto alpha = ct::exp2((m - shift) * tilegym::kLog2e);
-    auto w = ct::exp2((lse - shift) * tilegym::kLog2e);
-    total = total * alpha + w;
-    acc = acc * alpha + w * part;
-    m = m_new;
+    merge.add(lse, ct::element_cast<float>(ct::load_masked(po_block + n * po_sn + po_offs, r_ok, TIn(0))));
   }
-  // total == 0: every split empty (zeros, lse -inf); a NaN total (NaN or +inf lse) gives NaN.
-  auto none = total == 0.0f;
-  auto merged = ct::select(none, ct::zeros<f32_RD>(), acc / ct::select(none, ct::full<f32_R1>(1.0f), total));
   TOut* out_block = out + ((long long)r0 * head_dim + d0);
-  ct::store_masked(out_block + (r_col * head_dim + d_row), ct::element_cast<TOut>(merged), r_ok);
+  ct::store_masked(out_block + (r_col * head_dim + d_row), ct::element_cast<TOut>(merge.merged()), r_ok);
   if (write_lse && d0 == 0) {
-    auto lse = ct::select(none, ct::full<f32_R1>(-INFINITY), m + ct::log2(total) * tilegym::kLn2);
-    ct::store_masked(out_lse + r0 + r_col, lse, r_ok);
+    ct::store_masked(out_lse + r0 + r_col, merge.lse(), r_ok);
   }
 }
