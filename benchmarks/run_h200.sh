@@ -5,8 +5,8 @@
 #
 #   bash benchmarks/run_h200.sh [tests] [SUITE-SPEC ...] [demo]
 #
-# A SUITE-SPEC is suite[:layout[:page_size]][+fp8][@backends], e.g. `deepseek`, `mixed:paged:64`,
-# `deepseek:ragged:1@triton,tilecpp`, `deepseek+fp8`. Results land in benchmarks/results/<suite>/,
+# A SUITE-SPEC is suite[:layout[:page_size]][+KV][@backends], KV one of fp8, fp8_ds_mla, mxfp4; e.g.
+# `deepseek`, `mixed:paged:64`, `deepseek:ragged:1@triton,tilecpp`, `deepseek+fp8`, `deepseek+mxfp4`. Results land in benchmarks/results/<suite>/,
 # which the repository commits; $OUT gets results.tar.gz (the results and every step's log).
 #
 # Run from the repository root, with the Tile C++ cubins compiled beforehand (on the CPU
@@ -41,7 +41,7 @@ bench_step() {
     local spec=$1 suite layout="dense" page=64 kv="" backends="" rest
     rest=${spec%%@*}
     [[ $spec == *@* ]] && backends=${spec#*@}
-    [[ $rest == *+fp8 ]] && kv="fp8" && rest=${rest%+fp8}
+    [[ $rest == *+* ]] && kv=${rest##*+} && rest=${rest%+*}
     IFS=: read -r suite layout_given page_given <<<"$rest"
     layout=${layout_given:-dense}
     page=${page_given:-64}

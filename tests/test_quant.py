@@ -385,7 +385,7 @@ def test_query_quantized_tolerance_covers_measured_error(columns):
     assert worst > REL_L2_TOLERANCE[torch.bfloat16]  # why fp8-query kernels need their own tolerance
 
 
-@pytest.mark.parametrize("name", ["fp8_ds_mla", "mxfp4_k"])
+@pytest.mark.parametrize("name", ["fp8_ds_mla", "mxfp4"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_dequantised_cache_kernel_meets_output_tolerance(name, out_dtype):
     """A float32 kernel on the dequantised cache, rounded to out_dtype, vs float64 on the same values."""
@@ -402,7 +402,7 @@ def test_dequantised_cache_kernel_meets_output_tolerance(name, out_dtype):
 
 
 def test_cache_format_registry():
-    expected_bytes = {"bf16": 1152, "fp16": 1152, "fp8": 576, "fp8_ds_mla": 656, "mxfp4_k": 400}
+    expected_bytes = {"bf16": 1152, "fp16": 1152, "fp8": 576, "fp8_ds_mla": 656, "mxfp4": 400}
     assert {name: f.bytes_per_token() for name, f in CACHE_FORMATS.items()} == expected_bytes
     assert cache_format("fp8_ds_mla").bytes_per_token() == FP8_DS_MLA_BYTES_PER_TOKEN
     assert cache_format("bf16").bytes_per_token(128, 32) == 320

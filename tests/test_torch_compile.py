@@ -7,7 +7,7 @@ import torch
 
 import tilegym
 from tilegym.ops import torch_library
-from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error, to_pages
+from tilegym.testing import REL_L2_TOLERANCE, make_mla_inputs, mla_decode_float64, pack_cache, relative_error, to_pages
 
 
 def compiled(fn):
@@ -65,8 +65,29 @@ def test_bad_input_still_raises_under_compile():
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_custom_op_registration_is_consistent(return_lse):
     x = make_mla_inputs(2, 16, 40, 64, 16, dtype=torch.float16, kv_lens=[40, 7], q_len=2)
-    args = (x.q, x.qpe, x.kv, x.kpe, x.kv_lens, None, None, None, None, 0.1, None, True, return_lse, "torch")
+    args = (x.q, x.qpe, x.kv, x.kpe, x.kv_lens, None, None, None, None, 0.1, None, True, return_lse, None, "torch")
     torch.library.opcheck(torch_library.mla_decoding_split_kv_op, args)
+
+
+def test_custom_op_takes_a_packed_cache():
+    x = make_mla_inputs(2, 16, 40, kv_lens=[40, 7], q_len=2)
+    cache = pack_cache(x, "fp8_ds_mla")
+    args = (x.q, x.qpe, cache.kv, None, x.kv_lens, None, None, None, None, 0.1, None, True, True, "fp8_ds_mla", "torch")
+    torch.library.opcheck(torch_library.mla_decoding_split_kv_op, args)
+
+
+def test_compiled_packed_cache_matches_float64():
+    x = make_mla_inputs(2, 16, 40, kv_lens=[40, 7], q_len=2)
+    cache = pack_cache(x, "mxfp4")
+
+    def step(q, qpe, kv, kpe, kv_scale):
+        return tilegym.mla_decoding_split_kv(
+            q, qpe, kv, kpe, kv_scale=kv_scale, kv_lens=x.kv_lens, kv_cache_format="mxfp4", backend="torch"
+        )
+
+    out = compiled(step)(x.q, x.qpe, cache.kv, cache.kpe, cache.kv_scale)
+    expected, _ = mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope, kv_lens=x.kv_lens)
+    assert relative_error(out, expected) <= REL_L2_TOLERANCE[torch.bfloat16]
 
 
 def test_compiled_paged_mtp_with_a_plan_matches_float64():

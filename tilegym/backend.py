@@ -108,6 +108,9 @@ class Implementation:
     # Cache formats (short dtype names, e.g. "fp8") for which the implementation also rounds the
     # query to that format: its declared accuracy is the format's query-quantised tolerance.
     quantizes_query: frozenset[str] = frozenset()
+    # Packed cache formats (``kv_cache_format``, e.g. "fp8_ds_mla") it reads; every implementation
+    # reads the plain ones its dtypes allow.
+    packed_kv_formats: frozenset[str] = frozenset()
 
     def reasons_for_vendor(self, vendor: str) -> list[str]:
         """Why this implementation cannot run on ``vendor`` devices here, whatever the inputs."""
@@ -120,6 +123,9 @@ class Implementation:
 
     def reasons(self, call: Any) -> list[str]:
         """Why this implementation cannot run ``call`` (empty list: it can)."""
+        if getattr(call, "is_packed", False) and call.kv_format not in self.packed_kv_formats:
+            readable = ", ".join(sorted(self.packed_kv_formats)) or "none"
+            return [f"does not read the {call.kv_format} cache format (packed formats it reads: {readable})"]
         return self.reasons_for_vendor(call.vendor) or list(self.supports(call))
 
 
@@ -204,6 +210,7 @@ class Registry:
         supports: SupportsFn | None = None,
         vendor_reasons: VendorReasonsFn | None = None,
         quantizes_query: Sequence[str] = (),
+        packed_kv_formats: Sequence[str] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``fn`` as ``backend``'s implementation of ``op``.
 
@@ -212,8 +219,9 @@ class Registry:
         reasons it cannot run on a vendor's devices in this environment (e.g. Triton on a CPU
         without its interpreter), which ``backend_status`` reports without any inputs.
         ``quantizes_query``: cache formats for which it also rounds the query (its declared
-        accuracy, see ``tilegym.ops.accuracy``). The backend must be declared; registering twice
-        is an error.
+        accuracy, see ``tilegym.ops.accuracy``). ``packed_kv_formats``: the packed cache formats it
+        reads (calls in any other are refused with a reason). The backend must be declared;
+        registering twice is an error.
         """
         self._check_declared(backend)
         bad = [v for v in vendors if v not in VENDORS]
@@ -230,6 +238,7 @@ class Registry:
                 vendor_reasons or _no_reasons,
                 self,
                 frozenset(quantizes_query),
+                frozenset(packed_kv_formats),
             )
             with self._lock:
                 if (op, backend) in self._impls:
@@ -518,10 +527,17 @@ def register_impl(
     supports: SupportsFn | None = None,
     vendor_reasons: VendorReasonsFn | None = None,
     quantizes_query: Sequence[str] = (),
+    packed_kv_formats: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``backend``'s implementation of ``op`` (see ``Registry.register_impl``)."""
     return _current().register_impl(
-        op, backend, vendors=vendors, supports=supports, vendor_reasons=vendor_reasons, quantizes_query=quantizes_query
+        op,
+        backend,
+        vendors=vendors,
+        supports=supports,
+        vendor_reasons=vendor_reasons,
+        quantizes_query=quantizes_query,
+        packed_kv_formats=packed_kv_formats,
     )
 
 

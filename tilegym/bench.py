@@ -41,6 +41,8 @@ import torch
 from tilegym.backend import backend_names, device_vendor, implementations
 from tilegym.cli import demo_backends, describe_device
 from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
+from tilegym.ops.accuracy import format_name
+from tilegym.ops.contract import PACKED_KV_FORMATS
 from tilegym.ops.mla_decoding import (
     HEAD_DIM,
     MLA_DECODING,
@@ -49,7 +51,15 @@ from tilegym.ops.mla_decoding import (
     kv_bytes_per_token,
     row_lengths,
 )
-from tilegym.testing import REL_L2_TOLERANCE, MLAInputs, make_mla_inputs, relative_error, to_pages
+from tilegym.testing import (
+    REL_L2_TOLERANCE,
+    MLAInputs,
+    make_mla_inputs,
+    pack_cache,
+    page_packed_cache,
+    relative_error,
+    to_pages,
+)
 from tilegym.timing import time_calls
 from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES, cdiv
 
@@ -127,13 +137,19 @@ class BenchConfig:
 
     device: torch.device
     dtype: torch.dtype
-    kv_dtype: torch.dtype
+    kv_dtype: torch.dtype  # the cache's element dtype (uint8 for the packed formats)
     warmup: int
     repeat: int
     ceilings: Ceilings
     layout: str = "dense"
     page_size: int = 64
     splits: tuple[int | None, ...] = (None,)  # kv_len_per_split values (None: the backend's choice)
+    kv_cache_format: str | None = None  # a packed format ("fp8_ds_mla", "mxfp4"); None: kv_dtype's own
+
+    @property
+    def kv_format(self) -> str:
+        """The cache format name: what tolerances, byte counts and tables key on."""
+        return self.kv_cache_format or format_name(self.kv_dtype)
 
 
 @dataclass
@@ -190,7 +206,7 @@ class StepInputs:
     q: torch.Tensor
     qpe: torch.Tensor
     kv: torch.Tensor
-    kpe: torch.Tensor
+    kpe: torch.Tensor | None  # None: the rope sits in kv's bytes (fp8_ds_mla)
     kv_scale: torch.Tensor | None
 
 
@@ -208,7 +224,7 @@ class ShapeData:
 
 def working_set_bytes(shape: Shape, cfg: BenchConfig) -> int:
     tokens = shape.batch * shape.seq_len
-    return MLA_DECODING.traffic_bytes(shape, tokens, kv_bytes_per_token(cfg.kv_dtype), cfg.dtype.itemsize)
+    return MLA_DECODING.traffic_bytes(shape, tokens, kv_bytes_per_token(cfg.kv_format), cfg.dtype.itemsize)
 
 
 def input_set_count(shape: Shape, cfg: BenchConfig) -> int:
@@ -227,22 +243,37 @@ def checked_rows(batch: int) -> torch.Tensor:
 def _one_set(
     shape: Shape, cfg: BenchConfig, lengths: list[int] | None, index_seed: int
 ) -> tuple[MLAInputs, StepInputs, dict]:
-    kv_dtype = None if cfg.kv_dtype == cfg.dtype else cfg.kv_dtype
+    """One input set: (dense inputs whose cache the oracle reads, the op's tensors, index tensors).
+
+    For a packed format the oracle's cache is the dequantised one (float32), so only a backend's
+    own rounding counts against its declared tolerance.
+    """
+    packed = cfg.kv_cache_format is not None
+    kv_dtype = None if packed or cfg.kv_dtype == cfg.dtype else cfg.kv_dtype
     args = (shape.batch, shape.heads, shape.seq_len, HEAD_DIM, ROPE_DIM)
     x = make_mla_inputs(
         *args, dtype=cfg.dtype, kv_dtype=kv_dtype, device=cfg.device, kv_lens=lengths, q_len=shape.q_len
     )
+    cache = pack_cache(x, cfg.kv_cache_format) if packed else None
+    oracle = MLAInputs(x.q, x.qpe, torch.cat((cache.latent, cache.rope), -1), x.kv_lens) if packed else x
     index = {"kv_lens": x.kv_lens} if x.kv_lens is not None else {}
     if cfg.layout == "dense":
-        return x, StepInputs(x.q, x.qpe, x.kv, x.kpe, x.kv_scale), index
+        if packed:
+            return oracle, StepInputs(x.q, x.qpe, cache.kv, cache.kpe, cache.kv_scale), index
+        return oracle, StepInputs(x.q, x.qpe, x.kv, x.kpe, x.kv_scale), index
     pages = to_pages(x, cfg.page_size, generator=torch.Generator().manual_seed(index_seed))
-    return x, StepInputs(x.q, x.qpe, pages.kv, pages.kpe, x.kv_scale), pages.layout_kwargs(cfg.layout)
+    if packed:
+        paged = page_packed_cache(cache, pages)
+        return oracle, StepInputs(x.q, x.qpe, paged.kv, paged.kpe, paged.kv_scale), pages.layout_kwargs(cfg.layout)
+    return oracle, StepInputs(x.q, x.qpe, pages.kv, pages.kpe, x.kv_scale), pages.layout_kwargs(cfg.layout)
 
 
 def make_shape_data(shape: Shape, cfg: BenchConfig) -> ShapeData:
     """Input sets sharing one page table (same seed), like the layers of one decode step."""
     lengths = None if shape.lengths == "full" and cfg.layout == "dense" else row_lengths(shape)
     first, step, index = _one_set(shape, cfg, lengths, index_seed=1)
+    if cfg.kv_cache_format is not None:
+        index["kv_cache_format"] = cfg.kv_cache_format
     sets = [step]
     for _ in range(input_set_count(shape, cfg) - 1):
         sets.append(_one_set(shape, cfg, lengths, index_seed=1)[1])
@@ -351,9 +382,9 @@ def fill_metrics(row: Row, ceilings: Ceilings, kv_token_bytes: int, q_elsize: in
     row.pct_roofline = 100 * row.floor_us / row.time_us
 
 
-def error_tolerance(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
-    """The relative L2 error vs float64 a correct ``backend`` declares for these dtypes."""
-    return MLA_DECODING.tolerance(backend, dtype, kv_dtype)
+def error_tolerance(backend: str, dtype: torch.dtype, kv_format: str) -> float:
+    """The relative L2 error vs float64 a correct ``backend`` declares for this query dtype and cache format."""
+    return MLA_DECODING.tolerance(backend, dtype, kv_format)
 
 
 def new_row(backend: str, shape: Shape, cfg: BenchConfig, split: int | None, status: str = "", note: str = "") -> Row:
@@ -363,14 +394,14 @@ def new_row(backend: str, shape: Shape, cfg: BenchConfig, split: int | None, sta
         shape.seq_len,
         shape.heads,
         DTYPE_SHORT_NAMES[cfg.dtype],
-        DTYPE_SHORT_NAMES[cfg.kv_dtype],
+        cfg.kv_format,
         status,
         q_len=shape.q_len,
         lengths=shape.lengths,
         layout=cfg.layout,
         page_size=cfg.page_size if cfg.layout != "dense" else None,
         split=split,
-        tolerance=error_tolerance(backend, cfg.dtype, cfg.kv_dtype),
+        tolerance=error_tolerance(backend, cfg.dtype, cfg.kv_format),
         note=note,
     )
 
@@ -404,7 +435,7 @@ def bench_backend(backend: str, shape: Shape, data: ShapeData, cfg: BenchConfig,
         return row
     row.status, row.mode, row.input_sets = "ok", timing.mode, len(calls)
     row.time_us, row.spread_us = timing.median_us, timing.spread_us
-    fill_metrics(row, cfg.ceilings, kv_bytes_per_token(cfg.kv_dtype), cfg.dtype.itemsize)
+    fill_metrics(row, cfg.ceilings, kv_bytes_per_token(cfg.kv_format), cfg.dtype.itemsize)
     return row
 
 
@@ -640,6 +671,9 @@ def parse_sweep(text: str | None) -> tuple[int | None, ...]:
     return (None, *numbers)
 
 
+KV_DTYPE_CHOICES = ("fp8", *PACKED_KV_FORMATS)
+
+
 def fp8_dtype(device: torch.device) -> torch.dtype:
     """The vendor's fp8 KV format: e4m3fnuz on AMD, e4m3fn elsewhere."""
     wanted = "float8_e4m3fnuz" if device_vendor(device) == "amd" else "float8_e4m3fn"
@@ -662,7 +696,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype", choices=("bf16", "fp16"), help="dtype of q and the output (default: bf16 on a GPU, fp16 on a CPU)"
     )
-    parser.add_argument("--kv-dtype", choices=("fp8",), help="quantised KV cache (default: the --dtype)")
+    parser.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPE_CHOICES,
+        help="quantised KV cache: fp8 per tensor, fp8_ds_mla (656-byte tokens), mxfp4 (e2m1 latent, bf16 rope); "
+        "default: the --dtype",
+    )
     parser.add_argument("--layout", choices=LAYOUTS, default="dense", help="cache layout (default: dense rows)")
     parser.add_argument("--page-size", type=int, default=64, help="tokens per page with --layout paged/ragged")
     parser.add_argument("--sweep", help="extra rows per backend: kv_len_per_split=N[,N...]")
@@ -755,7 +794,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     try:
         backends = parse_backends(args.backends, device)
-        kv_dtype = fp8_dtype(device) if args.kv_dtype == "fp8" else dtype
+        packed = args.kv_dtype if args.kv_dtype in PACKED_KV_FORMATS else None
+        kv_dtype = fp8_dtype(device) if args.kv_dtype == "fp8" else torch.uint8 if packed else dtype
+        if packed == "fp8_ds_mla" and dtype != torch.bfloat16:
+            raise ValueError("--kv-dtype fp8_ds_mla stores its rope in bf16: use --dtype bf16")
         splits = parse_sweep(args.sweep)
         if args.page_size < 1 or args.page_size & (args.page_size - 1):
             raise ValueError(f"--page-size must be a power of two, got {args.page_size}")
@@ -778,9 +820,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         layout=args.layout,
         page_size=args.page_size,
         splits=splits,
+        kv_cache_format=packed,
     )
     env = environment(device)
-    kv_tag = "" if kv_dtype == dtype else f"-kv{DTYPE_SHORT_NAMES[kv_dtype]}"
+    kv_tag = "" if kv_dtype == dtype else f"-kv{cfg.kv_format}"
     layout_tag = "" if args.layout == "dense" else f"-{args.layout}{args.page_size}"
     stem = f"{OP}_{args.suite}_{args.dtype}{kv_tag}{layout_tag}"
     title = f"{OP}, suite {args.suite}, {args.dtype}{kv_tag}{layout_tag}, {env['device']}"

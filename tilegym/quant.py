@@ -258,6 +258,21 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return (values * e8m0_to_float32(scales)[..., None]).flatten(-2)
 
 
+def round_query_mxfp8(x: torch.Tensor) -> torch.Tensor:
+    """float32 x [..., K] (K % 32 == 0) as the ``mxfp4`` decode path rounds its query: MXFP8.
+
+    Per 32 values along the last dim, e = floor(log2 amax) - 7 (clamped to [-126, 126]), then each
+    value becomes 2^e * e4m3(x / 2^e) with round-to-nearest-even: the block's largest entry lands in
+    [128, 256), below e4m3's 448, so nothing saturates (OCP's -8 would clip by up to 12.5%). The
+    e8m0 code of the block is e + 127. Used as the tests' oracle of the kernel's declared rounding.
+    """
+    _check_mxfp4_k(x.shape[-1])
+    blocks = x.float().unflatten(-1, (-1, MXFP4_BLOCK))
+    exponent = (_float32_exponent_field(blocks.abs().amax(dim=-1)) - 127 - 7).clamp(-126, 126)
+    scaled = blocks * _power_of_two(-exponent)[..., None]
+    return (scaled.to(torch.float8_e4m3fn).float() * _power_of_two(exponent)[..., None]).flatten(-2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry for the op's tolerance model
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +326,7 @@ CACHE_FORMATS: dict[str, CacheFormat] = {
         CacheFormat("fp8", latent_bits=8, rope_bits=8, quantization_rel_l2=4e-2, **_FP8_QUERY),
         CacheFormat("fp8_ds_mla", 8, 16, 4e-2, scale_group=FP8_DS_MLA_GROUP, scale_bytes=4, **_FP8_QUERY),
         # The MLA latent is both K and V, so the MXFP4 latent serves both; the rope stays bf16.
-        CacheFormat("mxfp4_k", 4, 16, MXFP4_REL_L2_BOUND, scale_group=MXFP4_BLOCK, scale_bytes=1, **_FP8_QUERY),
+        CacheFormat("mxfp4", 4, 16, MXFP4_REL_L2_BOUND, scale_group=MXFP4_BLOCK, scale_bytes=1, **_FP8_QUERY),
     )
 }
 

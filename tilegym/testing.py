@@ -202,6 +202,74 @@ def to_pages(
     return PagedInputs(x, pages, block_table, indptr, indices)
 
 
+def scatter_to_pages(paged: PagedInputs, dense: torch.Tensor, garbage: float | int) -> torch.Tensor:
+    """``dense`` [B, S, *] (any dtype) in ``paged``'s pages: [num_pages, page_size, *], same page ids.
+
+    Slots past a row's length and pages no row uses hold ``garbage`` (for uint8 bytes, 0xFF is a
+    NaN in e4m3, in e8m0 scales, in float32 scales and in bf16 rope).
+    """
+    lens, page_size = paged.dense.kv_lens, paged.page_size
+    batch, seq_len = dense.shape[:2]
+    lens = torch.full((batch,), seq_len, device=dense.device) if lens is None else lens.long().clamp(0, seq_len)
+    row_pages = cdiv(seq_len, page_size)
+    pages = torch.full((paged.pages.shape[0], page_size, *dense.shape[2:]), garbage, dtype=dense.dtype)
+    pages = pages.to(dense.device)
+    padded = torch.full((batch, row_pages * page_size, *dense.shape[2:]), garbage, dtype=dense.dtype)
+    padded = padded.to(dense.device)
+    inside = torch.arange(seq_len, device=dense.device)[None, :] < lens[:, None]
+    inside = inside.view(batch, seq_len, *[1] * (dense.dim() - 2))
+    padded[:, :seq_len] = torch.where(inside, dense, padded[:, :seq_len])
+    used = torch.arange(row_pages, device=dense.device)[None, :] < cdiv_tensor(lens, page_size)[:, None]
+    table = paged.block_table[:, :row_pages].long()
+    pages[table[used]] = padded.view(batch, row_pages, page_size, *dense.shape[2:])[used]
+    return pages
+
+
+@dataclass
+class PackedCache:
+    """A cache in a packed format (``kv_cache_format``): the op's arguments and, for the oracle,
+    the dequantised dense values (float32 [B, S, D] latent and [B, S, P] rope)."""
+
+    kv_cache_format: str
+    kv: torch.Tensor
+    kpe: torch.Tensor | None
+    kv_scale: torch.Tensor | None
+    latent: torch.Tensor
+    rope: torch.Tensor
+
+    def op_kwargs(self) -> dict[str, object]:
+        """``kv``, ``kpe``, ``kv_scale`` and ``kv_cache_format`` as the op takes them."""
+        return {"kv": self.kv, "kpe": self.kpe, "kv_scale": self.kv_scale, "kv_cache_format": self.kv_cache_format}
+
+
+def pack_cache(x: MLAInputs, kv_cache_format: str) -> PackedCache:
+    """``x``'s dense cache quantised into a packed format ("fp8_ds_mla" or "mxfp4")."""
+    from tilegym.quant import dequantize_mxfp4, pack_fp8_ds_mla, quantize_mxfp4, unpack_fp8_ds_mla
+
+    if kv_cache_format == "fp8_ds_mla":
+        packed = pack_fp8_ds_mla(x.kv.float(), x.kpe.float())
+        latent, rope = unpack_fp8_ds_mla(packed)
+        return PackedCache(kv_cache_format, packed, None, None, latent, rope)
+    if kv_cache_format == "mxfp4":
+        codes, scales = quantize_mxfp4(x.kv.float())
+        rope = x.kpe.contiguous()
+        return PackedCache(kv_cache_format, codes, rope, scales, dequantize_mxfp4(codes, scales), rope.float())
+    raise ValueError(f"unknown packed format {kv_cache_format!r}")
+
+
+def page_packed_cache(cache: PackedCache, paged: PagedInputs) -> PackedCache:
+    """``cache`` scattered into ``paged``'s pages (same page ids; garbage bytes elsewhere)."""
+
+    def scatter(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return scatter_to_pages(paged, t, 0xFF if t.dtype == torch.uint8 else float("nan"))
+
+    return PackedCache(
+        cache.kv_cache_format, scatter(cache.kv), scatter(cache.kpe), scatter(cache.kv_scale), cache.latent, cache.rope
+    )
+
+
 def cdiv_tensor(t: torch.Tensor, d: int) -> torch.Tensor:
     """Ceiling division of a non-negative integer tensor."""
     return torch.div(t + (d - 1), d, rounding_mode="floor")

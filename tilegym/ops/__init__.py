@@ -98,7 +98,7 @@ def plan_mla_decoding(
     q: torch.Tensor,
     qpe: torch.Tensor,
     kv: torch.Tensor,
-    kpe: torch.Tensor,
+    kpe: torch.Tensor | None,
     sm_scale: float | None = None,
     kv_len_per_split: int | None = None,
     *,
@@ -109,6 +109,7 @@ def plan_mla_decoding(
     kv_indices: torch.Tensor | None = None,
     causal: bool = True,
     return_lse: bool = False,
+    kv_cache_format: str | None = None,
     backend: str | None = None,
 ) -> MLADecodePlan:
     """Plan ``mla_decoding_split_kv`` once per decode step; pass the plan to every layer's call.
@@ -132,6 +133,7 @@ def plan_mla_decoding(
         kv_indices=kv_indices,
         causal=causal,
         return_lse=return_lse,
+        kv_cache_format=kv_cache_format,
     )
     return plan_for_call(call, backend)
 
@@ -140,7 +142,7 @@ def mla_decoding_split_kv(
     q: torch.Tensor,
     qpe: torch.Tensor,
     kv: torch.Tensor,
-    kpe: torch.Tensor,
+    kpe: torch.Tensor | None,
     sm_scale: float | None = None,
     kv_len_per_split: int | None = None,
     *,
@@ -152,6 +154,7 @@ def mla_decoding_split_kv(
     causal: bool | None = None,
     return_lse: bool | None = None,
     out: torch.Tensor | None = None,
+    kv_cache_format: str | None = None,
     plan: MLADecodePlan | None = None,
     backend: str | None = None,
 ) -> Result:
@@ -168,6 +171,10 @@ def mla_decoding_split_kv(
 
     ``sm_scale`` defaults to 1/sqrt(D + P). ``kv_len_per_split`` (tokens per split) is chosen
     by the backend when None. fp8 kv/kpe need ``kv_scale`` (cache value = kv * kv_scale).
+    ``kv_cache_format`` names a packed cache (uint8 ``kv``): "fp8_ds_mla" (656 bytes per token:
+    512 e4m3 values, 4 float32 scales, 64 bf16 rope; ``kpe`` and ``kv_scale`` None) or "mxfp4"
+    (``kv`` [.., D/2] e2m1 pairs, ``kv_scale`` uint8 e8m0 [.., D/32], ``kpe`` plain); see
+    ``tilegym.quant`` for the packers.
     ``plan`` (from ``plan_mla_decoding``) skips validation, selection and planning; options
     given with a plan must match it. ``backend`` overrides the selection rules of
     ``tilegym.backend`` (it must be None or the plan's backend when a plan is given).
@@ -184,6 +191,7 @@ def mla_decoding_split_kv(
             and kv_indices is None
             and causal is None
             and return_lse is None
+            and kv_cache_format is None
         ):
             plan.check_options(
                 sm_scale=sm_scale,
@@ -194,6 +202,7 @@ def mla_decoding_split_kv(
                 kv_indices=kv_indices,
                 causal=causal,
                 return_lse=return_lse,
+                kv_cache_format=kv_cache_format,
             )
         if torch.compiler.is_compiling():
             return _compiled_call(plan.call_arguments(q, qpe, kv, kpe, kv_scale, out, plan.backend))
@@ -210,25 +219,29 @@ def mla_decoding_split_kv(
         "causal": True if causal is None else causal,
         "return_lse": False if return_lse is None else return_lse,
         "out": out,
+        "kv_cache_format": kv_cache_format,
     }
     if torch.compiler.is_compiling():
         return _compiled_call({"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, **arguments, "backend": backend})
     call = validate_mla_decoding(q, qpe, kv, kpe, **arguments)
     planned = PLAN_CACHE.plan(call, backend)
-    out, lse = planned.run(q, qpe, kv, kpe, call.kv_scale, out)
+    out, lse = planned.run(q, qpe, kv, kpe, kv_scale if call.is_packed else call.kv_scale, out)
     return (out, lse) if call.return_lse else out
 
 
 def _compiled_call(arguments: dict) -> Result:
     """The op under ``torch.compile``: traceable checks here, the rest inside the custom op."""
     call = validate_mla_decoding(**{k: v for k, v in arguments.items() if k != "backend"}, host_checks=False)
+    # Packed caches travel as the caller's tensors (the op re-derives its views of the bytes).
+    cache = ("kv", "kpe", "kv_scale")
+    kv, kpe, kv_scale = (arguments[k] for k in cache) if call.is_packed else (getattr(call, k) for k in cache)
     out, lse = torch_library.mla_decoding_split_kv_op(
         call.q,
         call.qpe,
-        call.kv,
-        call.kpe,
+        kv,
+        kpe,
         call.kv_lens,
-        call.kv_scale,
+        kv_scale,
         call.block_table,
         call.kv_indptr,
         call.kv_indices,
@@ -236,6 +249,7 @@ def _compiled_call(arguments: dict) -> Result:
         call.kv_len_per_split,
         call.causal,
         call.return_lse,
+        call.kv_format if call.is_packed else None,
         arguments["backend"],
     )
     user_out = arguments.get("out")

@@ -30,15 +30,33 @@ from dataclasses import dataclass
 import torch
 
 from tilegym.backend import device_vendor
+from tilegym.quant import (
+    FP8_DS_MLA_BYTES_PER_TOKEN,
+    FP8_DS_MLA_LATENT_DIM,
+    FP8_DS_MLA_ROPE_DIM,
+    MXFP4_BLOCK,
+    fp8_ds_mla_views,
+)
 from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES, HALF_DTYPES, cdiv
 
 DENSE, PAGED, RAGGED = "dense", "paged", "ragged"
 LAYOUTS = (DENSE, PAGED, RAGGED)
+# Cache formats: the first three follow from kv's dtype; the packed ones are named by
+# ``kv_cache_format`` (their bytes are uint8, see tilegym.quant for the layouts).
+FP8_DS_MLA, MXFP4 = "fp8_ds_mla", "mxfp4"
+PACKED_KV_FORMATS = (FP8_DS_MLA, MXFP4)
+PLAIN_KV_FORMATS = ("bf16", "fp16", "fp8")
+KV_FORMATS = (*PLAIN_KV_FORMATS, *PACKED_KV_FORMATS)
 MAX_Q_LEN = 8  # new tokens per row (MTP / speculative decoding)
 MAX_PAGE_SIZE = 4096
 CHECK_INDICES_ENV = "TILEGYM_CHECK_INDICES"
 LOG2_E = math.log2(math.e)
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+def plain_format(kv_dtype: torch.dtype) -> str:
+    """The cache format a kv dtype stands for on its own: "bf16", "fp16" or "fp8"."""
+    return "fp8" if kv_dtype in FP8_DTYPES else DTYPE_SHORT_NAMES.get(kv_dtype, str(kv_dtype))
 
 
 def check_indices_on_device() -> bool:
@@ -52,6 +70,13 @@ class MLADecodeCall:
 
     ``q``/``qpe``/``out`` are always 4-D views [B, Q, H, *] (a 3-D query means Q = 1);
     ``kv``/``kpe`` are [B, S, *] (dense) or pages [num_pages, page_size, *].
+
+    ``kv_format`` says how to read the cache (``KV_FORMATS``): "bf16"/"fp16" plain values,
+    "fp8" per-tensor scaled (``kv_scale`` float32 [1]); "fp8_ds_mla": ``kv`` is the fp8 e4m3
+    view [.., 512] of the 656-byte tokens, ``kpe`` their bf16 rope view [.., 64] and
+    ``kv_scale`` their float32 group scales [.., 4] (one per 128 columns), all strided views of
+    the caller's uint8 buffer; "mxfp4": ``kv`` uint8 [.., D/2] (two e2m1 codes per byte, the
+    even column in the low nibble), ``kv_scale`` uint8 e8m0 [.., D/32], ``kpe`` plain rope.
     """
 
     q: torch.Tensor  # [B, Q, H, D]
@@ -70,6 +95,11 @@ class MLADecodeCall:
     kv_indices: torch.Tensor | None = None  # int32 [nnz]
     causal: bool = True
     squeeze_q: bool = True  # the caller gave 3-D q: return [B, H, D] and lse [B, H]
+    kv_format: str = ""  # "" means: the plain format of kv's dtype
+
+    def __post_init__(self) -> None:
+        if not self.kv_format:
+            object.__setattr__(self, "kv_format", plain_format(self.kv.dtype))
 
     @property
     def batch(self) -> int:
@@ -136,7 +166,13 @@ class MLADecodeCall:
 
     @property
     def is_fp8(self) -> bool:
-        return self.kv.dtype in FP8_DTYPES
+        """True for the per-tensor fp8 cache (not for the block-scaled formats)."""
+        return self.kv_format == "fp8"
+
+    @property
+    def is_packed(self) -> bool:
+        """True for the block-scaled formats named by ``kv_cache_format``."""
+        return self.kv_format in PACKED_KV_FORMATS
 
     def selection_features(self) -> dict[str, object]:
         """What the measured-speed selection table keys on (see ``tilegym.selection``)."""
@@ -145,7 +181,7 @@ class MLADecodeCall:
             "batch": self.batch,
             "length_hint": self.length_hint,
             "layout": self.layout,
-            "kv_dtype": DTYPE_SHORT_NAMES.get(self.kv.dtype, str(self.kv.dtype)),
+            "kv_dtype": self.kv_format,
         }
 
     def kv_shares_buffer_with_kpe(self) -> bool:
@@ -336,11 +372,15 @@ def _validate_queries(q: torch.Tensor, qpe: torch.Tensor) -> tuple[torch.Tensor,
     return q4, qpe4, squeeze
 
 
-def _validate_dtypes(q: torch.Tensor, qpe: torch.Tensor, kv: torch.Tensor, kpe: torch.Tensor) -> None:
+def _validate_query_dtypes(q: torch.Tensor, qpe: torch.Tensor) -> None:
     if q.dtype not in HALF_DTYPES:
         raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
     if qpe.dtype != q.dtype:
         raise TypeError(f"qpe must have the dtype of q ({q.dtype}), got {qpe.dtype}")
+
+
+def _validate_dtypes(q: torch.Tensor, qpe: torch.Tensor, kv: torch.Tensor, kpe: torch.Tensor) -> None:
+    _validate_query_dtypes(q, qpe)
     if kv.dtype != kpe.dtype:
         raise TypeError(f"kpe must have the dtype of kv ({kv.dtype}), got {kpe.dtype}")
     if kv.dtype != q.dtype and kv.dtype not in FP8_DTYPES:
@@ -375,6 +415,90 @@ def validate_kv_scale(kv_scale: object, kv: torch.Tensor, *, host_checks: bool) 
     return torch.full((1,), value, dtype=torch.float32, device=kv.device)
 
 
+# ---------------------------------------------------------------------------------------
+# Packed cache formats.
+
+
+def validate_kv_cache_format(kv_cache_format: object, kv: torch.Tensor) -> str:
+    """The call's cache format: named by ``kv_cache_format``, or the plain format of kv's dtype."""
+    if kv_cache_format is None:
+        if kv.dtype == torch.uint8:
+            raise TypeError(
+                "kv is uint8 (packed bytes): name its format with kv_cache_format="
+                + " or ".join(repr(f) for f in PACKED_KV_FORMATS)
+            )
+        return plain_format(kv.dtype)
+    if not isinstance(kv_cache_format, str) or kv_cache_format not in KV_FORMATS:
+        raise ValueError(f"kv_cache_format must be None or one of {', '.join(KV_FORMATS)}, got {kv_cache_format!r}")
+    if kv_cache_format in PLAIN_KV_FORMATS and plain_format(kv.dtype) != kv_cache_format:
+        raise ValueError(f"kv_cache_format={kv_cache_format!r} does not match kv's dtype {kv.dtype}")
+    return kv_cache_format
+
+
+def fp8_ds_mla_cache(kv: torch.Tensor, kpe: object, kv_scale: object) -> tuple[torch.Tensor, ...]:
+    """(fp8 values [.., 512], bf16 rope [.., 64], float32 scales [.., 4]): zero-copy views of a packed
+    ``fp8_ds_mla`` cache (656 bytes per token, see ``tilegym.quant.pack_fp8_ds_mla``)."""
+    if kpe is not None:
+        raise ValueError(f"kpe must be None with kv_cache_format={FP8_DS_MLA!r}: each token of kv holds its rope")
+    if kv_scale is not None:
+        raise ValueError(f"kv_scale must be None with kv_cache_format={FP8_DS_MLA!r}: kv's tokens hold their scales")
+    if kv.dtype != torch.uint8:
+        raise TypeError(f"kv must be uint8 with kv_cache_format={FP8_DS_MLA!r} (656 bytes per token), got {kv.dtype}")
+    if kv.shape[-1] != FP8_DS_MLA_BYTES_PER_TOKEN:
+        raise ValueError(
+            f"kv must have last dim {FP8_DS_MLA_BYTES_PER_TOKEN} (bytes per token) with kv_cache_format="
+            f"{FP8_DS_MLA!r}, got shape {tuple(kv.shape)}"
+        )
+    if kv.stride(-1) != 1 or kv.storage_offset() % 4 or any(s % 4 for s in kv.stride()[:-1]):
+        raise ValueError(
+            f"kv must hold whole 656-byte tokens starting on 4-byte boundaries (last dim contiguous, strides and "
+            f"offset multiples of 4), got strides {kv.stride()} and offset {kv.storage_offset()}"
+        )
+    values, scales, rope = fp8_ds_mla_views(kv)
+    return values, rope, scales
+
+
+def _validate_fp8_ds_mla_queries(q4: torch.Tensor, qpe4: torch.Tensor) -> None:
+    _validate_query_dtypes(q4, qpe4)
+    if q4.dtype != torch.bfloat16:
+        raise TypeError(f"q must be bfloat16 with kv_cache_format={FP8_DS_MLA!r} (its rope is bf16), got {q4.dtype}")
+    if (q4.shape[3], qpe4.shape[3]) != (FP8_DS_MLA_LATENT_DIM, FP8_DS_MLA_ROPE_DIM):
+        raise ValueError(
+            f"kv_cache_format={FP8_DS_MLA!r} stores D={FP8_DS_MLA_LATENT_DIM} and P={FP8_DS_MLA_ROPE_DIM}, got "
+            f"q.shape[-1]={q4.shape[3]} and qpe.shape[-1]={qpe4.shape[3]}"
+        )
+
+
+def _validate_mxfp4_dtypes(q4: torch.Tensor, qpe4: torch.Tensor, kv: torch.Tensor, kpe: torch.Tensor) -> None:
+    _validate_query_dtypes(q4, qpe4)
+    if kv.dtype != torch.uint8:
+        raise TypeError(f"kv must be uint8 with kv_cache_format={MXFP4!r} (two e2m1 codes per byte), got {kv.dtype}")
+    if kpe.dtype != q4.dtype:
+        raise TypeError(f"kpe must have the dtype of q ({q4.dtype}) with kv_cache_format={MXFP4!r}, got {kpe.dtype}")
+    if q4.shape[3] % MXFP4_BLOCK:
+        raise ValueError(
+            f"kv_cache_format={MXFP4!r} needs D (q.shape[-1]) to be a multiple of {MXFP4_BLOCK}, got {q4.shape[3]}"
+        )
+
+
+def validate_mxfp4_scales(kv_scale: object, kv: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The e8m0 block scales of an ``mxfp4`` cache: uint8 [.., D/32] beside kv's [.., D/2] codes."""
+    if kv_scale is None:
+        raise ValueError(f"kv_scale (the uint8 e8m0 scales, one per {MXFP4_BLOCK} values) is required with {MXFP4!r}")
+    kv_scale = _expect_tensor("kv_scale", kv_scale)
+    if kv_scale.dtype != torch.uint8:
+        raise TypeError(f"kv_scale must be uint8 (e8m0 codes) with kv_cache_format={MXFP4!r}, got {kv_scale.dtype}")
+    expected = (*kv.shape[:-1], head_dim // MXFP4_BLOCK)
+    if tuple(kv_scale.shape) != expected:
+        raise ValueError(
+            f"kv_scale must have shape {expected} (kv's leading dims, D/{MXFP4_BLOCK} scales), "
+            f"got {tuple(kv_scale.shape)}"
+        )
+    _expect_on("kv_scale", kv_scale, kv.device)
+    _expect_unit_inner_stride("kv_scale", kv_scale)
+    return kv_scale
+
+
 def _validate_kv_lens(kv_lens: object, batch: int, device: torch.device) -> torch.Tensor | None:
     if kv_lens is None:
         return None
@@ -403,19 +527,27 @@ def _which_layout(block_table: object, kv_indptr: object, kv_indices: object) ->
     return RAGGED if ragged else DENSE
 
 
-def _validate_dense_cache(kv: torch.Tensor, kpe: torch.Tensor, batch: int, head_dim: int, rope_dim: int) -> None:
+@dataclass(frozen=True)
+class _KvWidth:
+    """kv's last dim and how to say where it comes from (packed formats store D in fewer columns)."""
+
+    size: int
+    what: str = "q.shape[-1] (D)"
+
+
+def _validate_dense_cache(kv: torch.Tensor, kpe: torch.Tensor, batch: int, width: _KvWidth, rope_dim: int) -> None:
     _expect_rank("kv", kv, 3, "[B, S, D] (dense) or [num_pages, page_size, D] (with pages)")
     _expect_rank("kpe", kpe, 3, "[B, S, P] (dense) or [num_pages, page_size, P] (with pages)")
     if kv.shape[1] < 1:
         raise ValueError(f"kv must have a non-empty sequence dim S, got shape {tuple(kv.shape)}")
     _expect_dim("kv", kv, 0, batch, "q.shape[0] (B)")
-    _expect_dim("kv", kv, 2, head_dim, "q.shape[-1] (D)")
+    _expect_dim("kv", kv, 2, width.size, width.what)
     _expect_dim("kpe", kpe, 0, batch, "q.shape[0] (B)")
     _expect_dim("kpe", kpe, 1, kv.shape[1], "kv.shape[1] (S)")
     _expect_dim("kpe", kpe, 2, rope_dim, "qpe.shape[-1] (P)")
 
 
-def _validate_pages(kv: torch.Tensor, kpe: torch.Tensor, head_dim: int, rope_dim: int) -> None:
+def _validate_pages(kv: torch.Tensor, kpe: torch.Tensor, width: _KvWidth, rope_dim: int) -> None:
     _expect_rank("kv", kv, 3, "[num_pages, page_size, D] (with block_table= or kv_indptr=)")
     _expect_rank("kpe", kpe, 3, "[num_pages, page_size, P] (with block_table= or kv_indptr=)")
     num_pages, page_size = kv.shape[:2]
@@ -423,7 +555,7 @@ def _validate_pages(kv: torch.Tensor, kpe: torch.Tensor, head_dim: int, rope_dim
         raise ValueError(f"kv must hold at least one page, got shape {tuple(kv.shape)}")
     if not 1 <= page_size <= MAX_PAGE_SIZE or page_size & (page_size - 1):
         raise ValueError(f"kv.shape[1] (page_size) must be a power of two from 1 to {MAX_PAGE_SIZE}, got {page_size}")
-    _expect_dim("kv", kv, 2, head_dim, "q.shape[-1] (D)")
+    _expect_dim("kv", kv, 2, width.size, width.what)
     _expect_dim("kpe", kpe, 0, num_pages, "kv.shape[0] (num_pages)")
     _expect_dim("kpe", kpe, 1, page_size, "kv.shape[1] (page_size)")
     _expect_dim("kpe", kpe, 2, rope_dim, "qpe.shape[-1] (P)")
@@ -491,14 +623,15 @@ def _validate_layout(
     kv_indptr: object,
     kv_indices: object,
     *,
+    width: _KvWidth,
     host_checks: bool,
 ) -> _Layout:
-    batch, head_dim, device = q4.shape[0], q4.shape[3], q4.device
+    batch, device = q4.shape[0], q4.device
     name = _which_layout(block_table, kv_indptr, kv_indices)
     if name == DENSE:
-        _validate_dense_cache(kv, kpe, batch, head_dim, rope_dim)
+        _validate_dense_cache(kv, kpe, batch, width, rope_dim)
         return _Layout(DENSE)
-    _validate_pages(kv, kpe, head_dim, rope_dim)
+    _validate_pages(kv, kpe, width, rope_dim)
     if kv_lens is None:
         raise ValueError("kv_lens is required with a paged cache (block_table= or kv_indptr=/kv_indices=)")
     check = host_checks and (kv_lens.device.type == "cpu" or check_indices_on_device())
@@ -542,6 +675,7 @@ def validate_mla_decoding(
     causal: object = True,
     return_lse: object = False,
     out: object = None,
+    kv_cache_format: object = None,
     host_checks: bool = True,
 ) -> MLADecodeCall:
     """Check every argument of ``mla_decoding_split_kv`` and return the call description.
@@ -550,16 +684,35 @@ def validate_mla_decoding(
     ``torch.compile`` traces; the compiled op checks them when it runs).
     """
     names = ("q", "qpe", "kv", "kpe")
-    q, qpe, kv, kpe = (_expect_tensor(n, t) for n, t in zip(names, (q, qpe, kv, kpe), strict=True))
+    q, qpe, kv = (_expect_tensor(n, t) for n, t in zip(names, (q, qpe, kv), strict=False))
     q4, qpe4, squeeze = _validate_queries(q, qpe)
     batch, q_len, heads, head_dim = q4.shape
     rope_dim = qpe4.shape[3]
+    kv_format = validate_kv_cache_format(kv_cache_format, kv)
+    width = _KvWidth(head_dim)
+    if kv_format == FP8_DS_MLA:
+        _validate_fp8_ds_mla_queries(q4, qpe4)
+        kv, kpe, scales = fp8_ds_mla_cache(kv, kpe, kv_scale)
+    else:
+        kpe = _expect_tensor("kpe", kpe)
     _expect_same_device(names, (q, qpe, kv, kpe))
-    _validate_dtypes(q, qpe, kv, kpe)
+    if kv_format == MXFP4:
+        _validate_mxfp4_dtypes(q4, qpe4, kv, kpe)
+        width = _KvWidth(head_dim // 2, "q.shape[-1] // 2 (D/2 bytes: two e2m1 codes per byte)")
+    elif kv_format != FP8_DS_MLA:
+        _validate_dtypes(q, qpe, kv, kpe)
     for name, t in zip(names, (q, qpe, kv, kpe), strict=True):
         _expect_unit_inner_stride(name, t)
     lens = _validate_kv_lens(kv_lens, batch, q.device)
-    layout = _validate_layout(kv, kpe, q4, rope_dim, lens, block_table, kv_indptr, kv_indices, host_checks=host_checks)
+    layout = _validate_layout(
+        kv, kpe, q4, rope_dim, lens, block_table, kv_indptr, kv_indices, width=width, host_checks=host_checks
+    )
+    if kv_format == FP8_DS_MLA:
+        scale_tensor = scales
+    elif kv_format == MXFP4:
+        scale_tensor = validate_mxfp4_scales(kv_scale, kv, head_dim)
+    else:
+        scale_tensor = validate_kv_scale(kv_scale, kv, host_checks=host_checks)
     return_lse = _validate_bool("return_lse", return_lse)
     causal = _validate_bool("causal", causal)
     scale = 1.0 / math.sqrt(head_dim + rope_dim) if sm_scale is None else validate_scale("sm_scale", sm_scale)
@@ -583,7 +736,7 @@ def validate_mla_decoding(
         sm_scale=scale,
         kv_len_per_split=split,
         kv_lens=lens,
-        kv_scale=validate_kv_scale(kv_scale, kv, host_checks=host_checks),
+        kv_scale=scale_tensor,
         return_lse=return_lse,
         out=out4,
         layout=layout.name,
@@ -592,6 +745,7 @@ def validate_mla_decoding(
         kv_indices=layout.kv_indices,
         causal=causal,
         squeeze_q=squeeze,
+        kv_format=kv_format,
     )
 
 

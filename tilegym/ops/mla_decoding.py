@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tilegym.ops.accuracy import output_tolerance
+from tilegym.ops.accuracy import format_name, output_tolerance
 from tilegym.ops.contract import validate_mla_decoding, validate_splitk_reduce
 from tilegym.ops.spec import OpSpec, register_spec
 from tilegym.quant import cache_format
 from tilegym.testing import mla_decode_float64, splitk_reduce_float64
-from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES
 
 HEAD_DIM, ROPE_DIM = 512, 64  # DeepSeek-V2/V3 latent and rope widths
 LENGTH_KINDS = ("full", "uniform", "long-tail")
@@ -92,10 +91,10 @@ def row_lengths(shape: Shape) -> list[int]:
     return [shape.seq_len if b % 8 == 7 else n for b, n in enumerate(short)]
 
 
-def kv_bytes_per_token(kv_dtype: torch.dtype) -> int:
-    """Cache bytes read per token (latent + rope, plus scales for block-scaled formats)."""
-    name = "fp8" if kv_dtype in FP8_DTYPES else DTYPE_SHORT_NAMES[kv_dtype]
-    return cache_format(name).bytes_per_token(HEAD_DIM, ROPE_DIM)
+def kv_bytes_per_token(kv: torch.dtype | str) -> int:
+    """Cache bytes read per token (latent + rope, plus scales for block-scaled formats) of a kv dtype
+    or a cache format name."""
+    return cache_format(format_name(kv)).bytes_per_token(HEAD_DIM, ROPE_DIM)
 
 
 def traffic_bytes(shape: Shape, tokens: int, kv_token_bytes: int, q_elsize: int = 2) -> int:
@@ -109,8 +108,8 @@ def flop_count(shape: Shape, tokens: int) -> int:
     return 2 * shape.heads * shape.q_len * tokens * (HEAD_DIM + ROPE_DIM + HEAD_DIM)
 
 
-def _decode_tolerance(backend: str, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> float:
-    return output_tolerance(MLA_DECODING_NAME, backend, q_dtype, kv_dtype)
+def _decode_tolerance(backend: str, q_dtype: torch.dtype, kv: torch.dtype | str) -> float:
+    return output_tolerance(MLA_DECODING_NAME, backend, q_dtype, kv)
 
 
 # Partials are exact inputs to the combine: only the output rounding remains.

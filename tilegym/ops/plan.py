@@ -19,7 +19,15 @@ from typing import Any, Protocol
 
 import torch
 
-from tilegym.ops.contract import MLADecodeCall, check_out_does_not_overlap, overlaps, validate_kv_scale
+from tilegym.ops.contract import (
+    FP8_DS_MLA,
+    MLADecodeCall,
+    check_out_does_not_overlap,
+    fp8_ds_mla_cache,
+    overlaps,
+    validate_kv_scale,
+    validate_mxfp4_scales,
+)
 
 
 class Runner(Protocol):
@@ -66,6 +74,8 @@ class MLADecodePlan:
         self._out_bytes = q.shape.numel() // call.rope_dim * call.head_dim * q.element_size()
         self._lse_shape = tuple(q.shape[:-1])
         self._dtype, self._device = call.q.dtype, call.q.device
+        self._packed = call.kv_format if call.is_packed else None
+        self._scale_key = _key(call.kv_scale) if call.is_packed else None
         self._device_index = call.device.index if call.device.type == "cuda" else None
         self._fixed = {
             "kv_lens": call.kv_lens,
@@ -103,6 +113,7 @@ class MLADecodePlan:
                 "kv_len_per_split": call.kv_len_per_split,
                 "causal": call.causal,
                 "return_lse": call.return_lse,
+                "kv_cache_format": call.kv_format,
             }[name]
             if given != planned:
                 raise ValueError(f"{name}={given!r} differs from the plan's {name}={planned!r}; make a new plan")
@@ -143,6 +154,24 @@ class MLADecodePlan:
             check_out_does_not_overlap(out, dict(zip(("q", "qpe", "kv", "kpe"), inputs, strict=True)))
         return out
 
+    def unpack_cache(
+        self, kv: torch.Tensor, kpe: torch.Tensor | None, kv_scale: object
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(kv, kpe, scales) of a packed cache as the runner reads them: the byte views of an
+        ``fp8_ds_mla`` buffer, or an ``mxfp4`` cache with its block scales checked against the plan."""
+        if not isinstance(kv, torch.Tensor):
+            raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+        if self._packed == FP8_DS_MLA:
+            return fp8_ds_mla_cache(kv, kpe, kv_scale)
+        scales = validate_mxfp4_scales(kv_scale, kv, self.call.head_dim)
+        if _key(scales) != self._scale_key:
+            shape, stride, dtype, device = self._scale_key
+            raise ValueError(
+                f"kv_scale does not match the plan: it was made for shape {tuple(shape)}, strides {stride}, {dtype} "
+                f"on {device}; got shape {tuple(scales.shape)}, strides {scales.stride()} on {scales.device}"
+            )
+        return kv, kpe, scales
+
     def kv_scale_tensor(self, kv_scale: torch.Tensor | float | None) -> torch.Tensor | None:
         """The call's fp8 scale as a float32 [1] device tensor (each layer may have its own; None: the plan's)."""
         if kv_scale is None and self.call.is_fp8:
@@ -168,7 +197,8 @@ class MLADecodePlan:
             "kpe": kpe,
             "sm_scale": c.sm_scale,
             "kv_len_per_split": c.kv_len_per_split,
-            "kv_scale": c.kv_scale if kv_scale is None else kv_scale,
+            "kv_scale": kv_scale if c.is_packed or kv_scale is not None else c.kv_scale,
+            "kv_cache_format": c.kv_format if c.is_packed else None,
             "causal": c.causal,
             "return_lse": c.return_lse,
             "out": out,
@@ -189,7 +219,10 @@ class MLADecodePlan:
 
         The per-call checks are a handful of attribute reads: shapes, strides, dtypes and device
         against the plan, gradients, and ``out`` (shape, dtype, contiguity, no overlap with an input).
+        A packed cache is given as the caller's bytes (and block scales); its views are taken here.
         """
+        if self._packed is not None:
+            kv, kpe, kv_scale = self.unpack_cache(kv, kpe, kv_scale)
         try:
             key = (
                 q.shape, q.stride(), q.dtype, q.device,
@@ -204,7 +237,10 @@ class MLADecodePlan:
         if torch.is_grad_enabled() and (q.requires_grad or qpe.requires_grad or kv.requires_grad or kpe.requires_grad):
             self.check_tensors(q, qpe, kv, kpe)
         out = self._fast_output(out, (q, qpe, kv, kpe))
-        scale = None if kv_scale is None and not self.call.is_fp8 else self.kv_scale_tensor(kv_scale)
+        if self._packed is not None:
+            scale = kv_scale
+        else:
+            scale = None if kv_scale is None and not self.call.is_fp8 else self.kv_scale_tensor(kv_scale)
         lse = torch.empty(self._lse_shape, dtype=torch.float32, device=self._device) if self.call.return_lse else None
         index = self._device_index
         if index is not None and torch._C._cuda_getDevice() != index:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from tilegym.backend import register_impl
-from tilegym.ops.contract import DENSE, PAGED, MLADecodeCall, SplitKReduceCall
+from tilegym.ops.contract import DENSE, FP8_DS_MLA, MXFP4, PACKED_KV_FORMATS, PAGED, MLADecodeCall, SplitKReduceCall
 from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
+from tilegym.quant import FP8_DS_MLA_GROUP, FP8_DS_MLA_GROUPS, dequantize_mxfp4
 from tilegym.utils import next_power_of_2
 
 ALL_VENDORS = ("nvidia", "amd", "cpu")
@@ -131,8 +132,7 @@ class TorchDecodeRunner:
         for start in range(0, capacity, self.chunk):
             positions = torch.arange(start, min(start + self.chunk, capacity), device=c.device)
             valid = positions[None, :] < lens[:, None]  # [B, L]
-            kv_chunk = _dequantized(self._gather(kv, start, positions, valid), kv_scale, valid)
-            kpe_chunk = _dequantized(self._gather(kpe, start, positions, valid), kv_scale, valid)
+            kv_chunk, kpe_chunk = self._dequantized_chunk(kv, kpe, kv_scale, start, positions, valid)
             visible = positions[None, None, :] < limit[:, :, None]  # [B, Q, L]
             chunk_out, chunk_lse = attend_chunk(q4, qpe4, kv_chunk, kpe_chunk, visible, c.sm_scale)
             outs.append(chunk_out)
@@ -142,16 +142,35 @@ class TorchDecodeRunner:
         if lse is not None:
             lse.copy_(merged_lse.reshape(lse.shape))
 
+    def _dequantized_chunk(
+        self,
+        kv: torch.Tensor,
+        kpe: torch.Tensor,
+        kv_scale: torch.Tensor | None,
+        start: int,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 (latent, rope) of a chunk in the call's cache format, zero outside the rows
+        (garbage there, NaN codes or scales included, never counts)."""
+        fmt = self.call.kv_format
+        latent = self._gather(kv, start, positions, valid)
+        rope = self._gather(kpe, start, positions, valid).float()
+        if fmt == FP8_DS_MLA:
+            scales = self._gather(kv_scale, start, positions, valid)
+            groups = latent.float().unflatten(-1, (FP8_DS_MLA_GROUPS, FP8_DS_MLA_GROUP))
+            latent = (groups * scales[..., None]).flatten(-2)
+        elif fmt == MXFP4:
+            latent = dequantize_mxfp4(latent, self._gather(kv_scale, start, positions, valid))
+        else:
+            latent = latent.float()
+            if kv_scale is not None:  # fp8 per tensor: the same scale for the rope
+                latent, rope = latent * kv_scale, rope * kv_scale
+        inside = valid[..., None]
+        return torch.where(inside, latent, 0.0), torch.where(inside, rope, 0.0)
 
-def _dequantized(t: torch.Tensor, kv_scale: torch.Tensor | None, valid: torch.Tensor) -> torch.Tensor:
-    """Float32 values of a gathered chunk, zero outside the row (garbage there never counts)."""
-    t = t.float()
-    if kv_scale is not None:
-        t = t * kv_scale
-    return torch.where(valid[..., None], t, 0.0)
 
-
-@register_impl(MLA_DECODING.name, "torch", vendors=ALL_VENDORS)
+@register_impl(MLA_DECODING.name, "torch", vendors=ALL_VENDORS, packed_kv_formats=PACKED_KV_FORMATS)
 def plan_mla_decoding_split_kv(call: MLADecodeCall) -> TorchDecodeRunner:
     return TorchDecodeRunner(call)
 

@@ -25,7 +25,7 @@ def mla_decoding_split_kv_op(
     q: torch.Tensor,
     qpe: torch.Tensor,
     kv: torch.Tensor,
-    kpe: torch.Tensor,
+    kpe: torch.Tensor | None,
     kv_lens: torch.Tensor | None,
     kv_scale: torch.Tensor | None,
     block_table: torch.Tensor | None,
@@ -35,6 +35,7 @@ def mla_decoding_split_kv_op(
     kv_len_per_split: int | None,
     causal: bool,
     return_lse: bool,
+    kv_cache_format: str | None,
     backend: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Q, H, D], lse [B, Q, H] float32 or an empty tensor without ``return_lse``) for 4-D q."""
@@ -54,8 +55,9 @@ def mla_decoding_split_kv_op(
         kv_indices=kv_indices,
         causal=causal,
         return_lse=return_lse,
+        kv_cache_format=kv_cache_format,
     )
-    out, lse = plan_for_call(call, backend).run(q, qpe, kv, kpe, call.kv_scale, None)
+    out, lse = plan_for_call(call, backend).run(q, qpe, kv, kpe, kv_scale if call.is_packed else call.kv_scale, None)
     return out, lse if lse is not None else torch.empty(NO_LSE_SHAPE, dtype=torch.float32, device=q.device)
 
 
@@ -74,6 +76,7 @@ def _(
     kv_len_per_split,
     causal,
     return_lse,
+    kv_cache_format,
     backend,
 ):
     lse_shape = q.shape[:3] if return_lse else NO_LSE_SHAPE

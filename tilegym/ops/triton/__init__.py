@@ -16,7 +16,7 @@ import sys
 import torch
 
 from tilegym.backend import register_impl, register_probe
-from tilegym.ops.contract import MLADecodeCall, SplitKReduceCall
+from tilegym.ops.contract import MXFP4, PACKED_KV_FORMATS, MLADecodeCall, SplitKReduceCall
 from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
 
 VENDORS = ("nvidia", "amd", "cpu")
@@ -72,7 +72,10 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
     if call.vendor == "nvidia":
         capability = torch.cuda.get_device_capability(call.device)
         if capability < FP8_MIN_NVIDIA_CAPABILITY:
-            return [f"fp8 kv needs compute capability >= 8.9, this GPU has {capability[0]}.{capability[1]}"]
+            return [
+                f"the {call.kv_format} cache needs fp8 conversions (compute capability >= 8.9), "
+                f"this GPU has {capability[0]}.{capability[1]}"
+            ]
     return []
 
 
@@ -92,12 +95,20 @@ def mla_supports(call: MLADecodeCall) -> list[str]:
         )
     if call.query_rows > MAX_GRID_YZ * 64:
         reasons.append(f"Q x H = {call.query_rows} query rows exceed the grid limit {MAX_GRID_YZ} x 64")
-    if call.is_fp8:
+    if call.is_fp8 or call.is_packed:  # the packed formats read fp8 values or round the query to fp8
         reasons.extend(_fp8_reasons(call))
     return reasons
 
 
-@register_impl(MLA_DECODING.name, "triton", vendors=VENDORS, supports=mla_supports, vendor_reasons=_interpreter_reasons)
+@register_impl(
+    MLA_DECODING.name,
+    "triton",
+    vendors=VENDORS,
+    supports=mla_supports,
+    vendor_reasons=_interpreter_reasons,
+    quantizes_query=(MXFP4,),
+    packed_kv_formats=PACKED_KV_FORMATS,
+)
 def plan_mla_decoding_split_kv(call: MLADecodeCall) -> object:
     from tilegym.ops.triton.mla_decoding_split_kv import plan
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilegym.ops.contract import MLADecodeCall
+from tilegym.ops.contract import FP8_DS_MLA, MXFP4, MLADecodeCall
 from tilegym.ops.schedule import ScheduleShape, SplitSchedule, layout_code, schedule_shape
 from tilegym.ops.triton.launcher import KernelLauncher, all_aligned, interpreting
 from tilegym.ops.triton.splitk_reduce import merge_splits
@@ -46,6 +46,7 @@ MAX_BLOCK_H = 64
 SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured faster
 FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps measured faster
 COMBINE_BLOCK_SPLITS = 16
+KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain values (fp8 per tensor too)
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,20 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
     if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
-        # fp8 widens each tile in shared memory too: 64-token steps need 244 KB (limit 227 KB).
-        return KernelConfig(block_h, block_n=32 if call.is_fp8 else 64, num_warps=8, num_stages=2, programs_per_sm=1)
+        if call.is_fp8 or call.is_packed:
+            # Tiles are widened in shared memory too: 64-token steps fit with one stage only (two need
+            # 244 KB of the 227 KB). Measured at 64 x 4096 x 128 (sweep of round 2, NOTES_triton.md):
+            # fp8 413 us vs 535 with 32-token steps, fp8_ds_mla 683 vs 829, mxfp4 988 vs 1655.
+            return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1)
+        return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
     if call.is_fp8:  # one fp16 tile for K and V measured 128.5 us vs 163.6 (round 2)
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_one_tile=True)
+    if call.kv_format == MXFP4:  # 64 x 4096 x 16: 322 us vs 377 with 32-token steps and 4 warps
+        return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=3)
+    if call.is_packed:  # fp8_ds_mla, 64 x 4096 x 16: 220 us, the best of the sweep
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3)
     if call.batch * call.length_hint <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2, min_blocks=1)
     if call.batch <= FEW_ROWS:  # one long request: long steps, one program per SM
@@ -160,6 +169,8 @@ def _mla_split_kernel(
     stride_kv_1,
     stride_kpe_0,
     stride_kpe_1,
+    stride_scale_0,
+    stride_scale_1,
     stride_table_b,
     HEAD_DIM: tl.constexpr,
     ROPE_DIM: tl.constexpr,
@@ -170,6 +181,7 @@ def _mla_split_kernel(
     NUM_STAGES: tl.constexpr,
     CAUSAL: tl.constexpr,
     IS_FP8: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
     FP8_V_FP16: tl.constexpr,
     FP8_ONE_TILE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -227,56 +239,65 @@ def _mla_split_kernel(
 
         kv_row = kv_ptr
         kpe_row = kpe_ptr
+        scale_row = kv_scale_ptr
         table_row = table_ptr
         if LAYOUT == 0:
             kv_row = kv_ptr + b64 * stride_kv_0
             kpe_row = kpe_ptr + b64 * stride_kpe_0
+            scale_row = kv_scale_ptr + b64 * stride_scale_0
         elif LAYOUT == 1:
             table_row = table_ptr + b64 * stride_table_b
         else:
             table_row = table_ptr + tl.minimum(tl.maximum(tl.load(indptr_ptr + b), 0), num_indices)
 
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-        for blk in tl.range(lo - row_begin, hi - row_begin, num_stages=NUM_STAGES):
-            n0 = blk * BLOCK_N
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < length
-            kv_offs = _token_offsets(
-                table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
-            )
-            kpe_offs = _token_offsets(
-                table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
-            )
-            kv = tl.load(kv_row + kv_offs[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-            kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-            if IS_FP8 and FP8_ONE_TILE:
-                # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
-                kv = kv.to(tl.float16)
-                kpe = kpe.to(tl.float16)
-                v = kv
-            elif IS_FP8:
-                if FP8_V_FP16:
-                    v = kv.to(tl.float16)
+        blk_lo = lo - row_begin
+        blk_hi = hi - row_begin
+        if KV_FORMAT == 1:
+            m_i, l_i, acc = _attend_fp8_ds_mla(
+                q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
+                row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_scale_0,
+                stride_scale_1, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, DOT_F32,
+            )  # fmt: skip
+        elif KV_FORMAT == 2:
+            m_i, l_i, acc = _attend_mxfp4(
+                q, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
+                stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_scale_0, stride_scale_1, HEAD_DIM,
+                ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, DOT_F32,
+            )  # fmt: skip
+        else:
+            m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_H], tl.float32)
+            acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+            for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
+                n0 = blk * BLOCK_N
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                n_mask = offs_n < length
+                kv_offs = _token_offsets(
+                    table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
+                )
+                kpe_offs = _token_offsets(
+                    table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+                )
+                kv = tl.load(kv_row + kv_offs[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+                kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+                if IS_FP8 and FP8_ONE_TILE:
+                    # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
+                    kv = kv.to(tl.float16)
+                    kpe = kpe.to(tl.float16)
+                    v = kv
+                elif IS_FP8:
+                    if FP8_V_FP16:
+                        v = kv.to(tl.float16)
+                    else:
+                        v = kv.to(q_ptr.dtype.element_ty)
+                    kv = kv.to(q_ptr.dtype.element_ty)
+                    kpe = kpe.to(q_ptr.dtype.element_ty)
                 else:
-                    v = kv.to(q_ptr.dtype.element_ty)
-                kv = kv.to(q_ptr.dtype.element_ty)
-                kpe = kpe.to(q_ptr.dtype.element_ty)
-            else:
-                v = kv
-            scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
-            scores = _dot(q, tl.trans(kv), scores, DOT_F32)
-            visible = offs_n[None, :] < limit[:, None]
-            scores = tl.where(visible, scores * row_scale[:, None], float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            # A row that sees no token of this tile (causal MTP) keeps m = -inf: shift by 0 then.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
-            m_i = m_new
+                    v = kv
+                scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+                scores = _dot(q, tl.trans(kv), scores, DOT_F32)
+                p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
+                acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
 
         if IS_FP8:
             acc = acc * kv_scale
@@ -300,6 +321,236 @@ def _mla_split_kernel(
         part_rows = (piece + b64) * query_rows + offs_r
         tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
         tl.store(part_lse_ptr + part_rows, lse, part_mask)
+
+
+@triton.jit
+def _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i):
+    """One online-softmax step over a tile of raw scores [BLOCK_H, BLOCK_N]: the tile's
+    probabilities (base 2, relative to the new running max), the factor that rescales what was
+    accumulated so far, and the new running max and sum. Positions at or past a row's
+    ``limit`` get probability 0."""
+    visible = offs_n[None, :] < limit[:, None]
+    scores = tl.where(visible, scores * row_scale[:, None], float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    # A row that sees no token of this tile (causal MTP) keeps m = -inf: shift by 0 then.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _concat_groups(a0, a1, a2, a3, BLOCK_H: tl.constexpr, GROUP: tl.constexpr):
+    """[BLOCK_H, 4 * GROUP] from four [BLOCK_H, GROUP] column groups, in order."""
+    pairs = tl.join(tl.join(a0, a1), tl.join(a2, a3))  # [H, GROUP, 2, 2]: [h, c, j, i] = a_{2i + j}[h, c]
+    return tl.reshape(tl.permute(pairs, (0, 3, 2, 1)), (BLOCK_H, 4 * GROUP))
+
+
+@triton.jit
+def _groups_to_fp16(q0, q1, q2, q3):
+    """The four query groups scaled per row by one power of two (largest entry near 2^14) and cast
+    to fp16, exactly (see ``_queries_to_fp16``), and the per-row factor that undoes the scaling."""
+    row_max = tl.maximum(
+        tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), axis=1), tl.max(tl.abs(q1.to(tl.float32)), axis=1)),
+        tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), axis=1), tl.max(tl.abs(q3.to(tl.float32)), axis=1)),
+    )
+    head_scale = tl.exp2(tl.floor(tl.log2(tl.where(row_max > 0, row_max, 1.0))) - 14.0)
+    inverse = (1.0 / head_scale)[:, None]
+    return (
+        (q0.to(tl.float32) * inverse).to(tl.float16),
+        (q1.to(tl.float32) * inverse).to(tl.float16),
+        (q2.to(tl.float32) * inverse).to(tl.float16),
+        (q3.to(tl.float32) * inverse).to(tl.float16),
+        head_scale,
+    )
+
+
+@triton.jit
+def _scaled_group_update(acc, alpha, p, scale, values, DOT_F32: tl.constexpr):
+    """``acc * alpha + (p * scale) @ values`` for one column group whose tokens carry float32
+    scales [BLOCK_N]: P is scaled per token relative to the tile's largest scale (so it stays in
+    [0, 1] and keeps fp16's 11 bits whatever the scales' magnitude), and the dot result is
+    multiplied back by that largest scale."""
+    top = tl.max(scale, axis=0)
+    top = tl.where(top > 0, top, 1.0)
+    scaled_p = (p * (scale / top)[None, :]).to(tl.float16)
+    return acc * alpha[:, None] + top * _dot(scaled_p, values, tl.zeros(acc.shape, tl.float32), DOT_F32)
+
+
+@triton.jit
+def _attend_fp8_ds_mla(
+    q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale,
+    num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
+    ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """One row segment over an ``fp8_ds_mla`` cache: (running max, sum, output [BLOCK_H, 512]).
+
+    The latent is four 128-column groups, each with one float32 scale per token. Each group's fp8
+    tile is widened once, exactly, to fp16 and serves as K and as V: its score dot (the query
+    group scaled exactly into fp16 per row) is scaled per token on the [BLOCK_H, BLOCK_N] scores,
+    and P is scaled per token before its dot with the group (``_scaled_group_update``). So no
+    [BLOCK_N, 512] tile is multiplied element-wise, and no product is rounded to fewer than
+    fp16's 11 bits. Per step it reads BLOCK_N x (512 fp8 + 16 scale + 128 rope) = BLOCK_N x 656 bytes.
+    """
+    GROUP: tl.constexpr = 128
+    offs_g = tl.arange(0, GROUP)
+    offs_p = tl.arange(0, ROPE_DIM)
+    q_tile = q_ptr + q_rows[:, None] + offs_g[None, :]
+    q0, q1, q2, q3, head_scale = _groups_to_fp16(
+        tl.load(q_tile, mask=r_mask[:, None], other=0.0),
+        tl.load(q_tile + GROUP, mask=r_mask[:, None], other=0.0),
+        tl.load(q_tile + 2 * GROUP, mask=r_mask[:, None], other=0.0),
+        tl.load(q_tile + 3 * GROUP, mask=r_mask[:, None], other=0.0),
+    )
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
+        n0 = blk * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < length
+        kv_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        kpe_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        s_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_s_0, stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        kv_tile = kv_row + kv_offs[:, None] + offs_g[None, :]
+        k0 = tl.load(kv_tile, mask=n_mask[:, None], other=0.0).to(tl.float16)
+        k1 = tl.load(kv_tile + GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
+        k2 = tl.load(kv_tile + 2 * GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
+        k3 = tl.load(kv_tile + 3 * GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
+        s0 = tl.load(scale_row + s_offs, mask=n_mask, other=0.0)
+        s1 = tl.load(scale_row + s_offs + 1, mask=n_mask, other=0.0)
+        s2 = tl.load(scale_row + s_offs + 2, mask=n_mask, other=0.0)
+        s3 = tl.load(scale_row + s_offs + 3, mask=n_mask, other=0.0)
+        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
+        latent = _dot(q0, tl.trans(k0), zero, DOT_F32) * s0[None, :]
+        latent += _dot(q1, tl.trans(k1), zero, DOT_F32) * s1[None, :]
+        latent += _dot(q2, tl.trans(k2), zero, DOT_F32) * s2[None, :]
+        latent += _dot(q3, tl.trans(k3), zero, DOT_F32) * s3[None, :]
+        scores = _dot(qpe, tl.trans(kpe), zero, DOT_F32) + latent * head_scale[:, None]
+        p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
+        acc0 = _scaled_group_update(acc0, alpha, p, s0, k0, DOT_F32)
+        acc1 = _scaled_group_update(acc1, alpha, p, s1, k1, DOT_F32)
+        acc2 = _scaled_group_update(acc2, alpha, p, s2, k2, DOT_F32)
+        acc3 = _scaled_group_update(acc3, alpha, p, s3, k3, DOT_F32)
+    return m_i, l_i, _concat_groups(acc0, acc1, acc2, acc3, BLOCK_H, GROUP)
+
+
+@triton.jit
+def _pow2(exponent):
+    """float32 2^exponent for int32 exponents in [-126, 127], built from bits (exact everywhere)."""
+    return ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _floor_log2(x):
+    """int32 floor(log2 |x|) of normal float32 values, read from the exponent bits (exact)."""
+    return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _round_to_e4m3_grid(x):
+    """float32 ``x`` (|x| < 448) rounded to the nearest e4m3 value, ties to even, in float32 math,
+    so the later cast to fp8 is exact. (Triton's CPU interpreter rounds its f32 -> e4m3 casts
+    wrongly when rounding up crosses a power of two, e.g. 7.94 -> 4; GPUs round correctly.)"""
+    ulp_exponent = tl.maximum(_floor_log2(x), -6) - 3  # 3 mantissa bits; subnormals below 2^-6
+    steps = x * _pow2(-ulp_exponent)
+    rounded = tl.floor(steps + 0.5)
+    odd = (rounded - 2.0 * tl.floor(rounded * 0.5)) != 0.0
+    rounded = tl.where(((rounded - steps) == 0.5) & odd, rounded - 1.0, rounded)
+    return rounded * _pow2(ulp_exponent)
+
+
+@triton.jit
+def _mx_query(q, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """q [BLOCK_H, HEAD_DIM] as MXFP8: (e4m3 values, uint8 e8m0 codes [BLOCK_H, HEAD_DIM / 32]).
+
+    Each 32-column block is multiplied by 2^-(floor(log2 amax) - 7), which puts its largest entry
+    in [128, 256): below e4m3's maximum 448, so nothing saturates (the OCP rule, -8, would clip
+    the top of a block by up to 12.5%). Each entry is then rounded to nearest even on e4m3's
+    grid (4 significant bits). A zero block gets code 1 (it stays zero); NaN stays NaN.
+    """
+    blocks = tl.reshape(q.to(tl.float32), (BLOCK_H, HEAD_DIM // 32, 32))
+    exponent = tl.minimum(tl.maximum(_floor_log2(tl.max(tl.abs(blocks), axis=2)) - 7, -126), 126)
+    values = _round_to_e4m3_grid(blocks * _pow2(-exponent)[:, :, None]).to(tl.float8e4nv)
+    return tl.reshape(values, (BLOCK_H, HEAD_DIM)), (exponent + 127).to(tl.uint8)
+
+
+@triton.jit
+def _e2m1_values(codes):
+    """float32 values of 4-bit e2m1 codes (bit 3 sign, bits 1-2 exponent, bit 0 mantissa)."""
+    c = codes.to(tl.int32)
+    exponent = (c >> 1) & 3
+    mantissa = (c & 1).to(tl.float32)
+    magnitude = tl.where(exponent == 0, 0.5 * mantissa, tl.exp2((exponent - 1).to(tl.float32)) * (1.0 + 0.5 * mantissa))
+    return tl.where((c & 8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _mxfp4_tile(packed, scales, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, dtype: tl.constexpr):
+    """[BLOCK_N, HEAD_DIM] values in ``dtype`` (exact: e2m1 times a power of two) from packed codes
+    [BLOCK_N, HEAD_DIM / 2] (even column in the low nibble) and e8m0 codes [BLOCK_N, HEAD_DIM / 32]."""
+    pairs = tl.join(_e2m1_values(packed & 0xF), _e2m1_values(packed >> 4))  # [N, D/2, 2]
+    blocks = tl.reshape(pairs, (BLOCK_N, HEAD_DIM // 32, 32))
+    block_scale = _pow2(scales.to(tl.int32) - 127)  # code 0 (2^-127) reads as 0: its block is ~0 anyway
+    return tl.reshape(blocks * block_scale[:, :, None], (BLOCK_N, HEAD_DIM)).to(dtype)
+
+
+@triton.jit
+def _attend_mxfp4(
+    q, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
+    stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
+    HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """One row segment over an ``mxfp4`` cache: (running max, sum, output [BLOCK_H, HEAD_DIM]).
+
+    Scores: ``tl.dot_scaled`` of the query as MXFP8 (e4m3, e8m0 per 32 columns; rounded once
+    per row, see ``_mx_query``) with the e2m1 latent and its e8m0 scales (native on Blackwell and
+    MI355X; Triton emulates it on Hopper), plus the rope dot in the query dtype. Output: P times
+    the latent widened exactly to the query dtype (its scales run along D, not along the
+    tokens that P . V sums over, so it cannot be a scaled dot). Per step it reads
+    BLOCK_N x (D/2 + D/32 + 2P) bytes.
+    """
+    offs_half = tl.arange(0, HEAD_DIM // 2)
+    offs_blocks = tl.arange(0, HEAD_DIM // 32)
+    offs_p = tl.arange(0, ROPE_DIM)
+    q8, q_scales = _mx_query(q, BLOCK_H, HEAD_DIM)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
+        n0 = blk * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < length
+        kv_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        kpe_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        s_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_s_0, stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        packed = tl.load(kv_row + kv_offs[:, None] + offs_half[None, :], mask=n_mask[:, None], other=0)
+        scales = tl.load(scale_row + s_offs[:, None] + offs_blocks[None, :], mask=n_mask[:, None], other=0)
+        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+        scores += tl.dot_scaled(q8, q_scales, "e4m3", tl.trans(packed), scales, "e2m1")
+        p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
+        v = _mxfp4_tile(packed, scales, BLOCK_N, HEAD_DIM, qpe.dtype)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -416,6 +667,7 @@ class TritonDecodePlan:
                 "NUM_STAGES": config.num_stages,
                 "CAUSAL": call.causal and call.q_len > 1,
                 "IS_FP8": call.is_fp8,
+                "KV_FORMAT": KV_FORMAT_CODES.get(call.kv_format, 0),
                 "FP8_V_FP16": config.fp8_v_fp16,
                 "FP8_ONE_TILE": config.fp8_one_tile,
                 "WRITE_LSE": call.return_lse,
@@ -444,6 +696,7 @@ class TritonDecodePlan:
             *call.qpe.stride()[:3],
             *call.kv.stride()[:2],
             *call.kpe.stride()[:2],
+            *(call.kv_scale.stride()[:2] if call.is_packed else (0, 0)),
             call.block_table.stride(0) if call.block_table is not None else 0,
         )
         self._combine = KernelLauncher(
