@@ -284,6 +284,15 @@ def _external_includes(language: Language) -> tuple[tuple[Path, ...], str]:
     return (found[0],), found[1]
 
 
+def _include_identity(language: Language) -> str:
+    """What identifies the external headers in cache keys. Without the headers installed: the pinned
+    requirement, so a machine that only loads cubins finds those built from it elsewhere."""
+    if not language.uses_cutlass:
+        return ""
+    found = _search_cutlass()
+    return CUTLASS_REQUIREMENT if isinstance(found, CutlassNotFoundError) else found[1]
+
+
 def toolchain_problem(language: str = "tile") -> str | None:
     """Why ``language`` kernels cannot be compiled here (None when they can)."""
     lang = _language(language)
@@ -690,7 +699,7 @@ class CubinKernel:
         digest = hashlib.sha256()
         for path in sorted(included_headers(self.header)):
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        _, include_identity = _external_includes(self.language)
+        include_identity = _include_identity(self.language)
         flags = " ".join(self.language.base_flags + self.flags)
         for part in (self.language.name, self.instantiation_source(), flags, include_identity, target):
             digest.update(part.encode() + b"\0")
@@ -768,9 +777,10 @@ class CubinKernel:
     # ------------------------------------------------------------------ choosing the cubin to load
 
     def resolve_cubin(self, arch: str) -> Path:
-        """The cubin to load: with nvcc, this toolchain's (built or rebuilt if missing or corrupt);
-        without, the verified cached one ``cached_cubin`` picks."""
-        nvcc = nvcc_or_none(self.language.name)
+        """The cubin to load: with a complete toolchain (nvcc, plus the CUTLASS headers for CUDA C++),
+        this toolchain's (built or rebuilt if missing or corrupt); without, the verified cached one
+        ``cached_cubin`` picks."""
+        nvcc = nvcc_or_none(self.language.name) if toolchain_problem(self.language.name) is None else None
         if nvcc is not None:
             return self.compile(arch, nvcc)
         chosen = self.cached_cubin(arch)
@@ -798,7 +808,7 @@ class CubinKernel:
         cubin = self.resolve_cubin(arch)
         image = _read_cache_file(cubin)
         problem = _image_problem(cubin, image)
-        nvcc = nvcc_or_none(self.language.name)
+        nvcc = nvcc_or_none(self.language.name) if toolchain_problem(self.language.name) is None else None
         if problem is not None and nvcc is not None:  # replaced between the check and the read
             cubin = self.compile(arch, nvcc)
             image = _read_cache_file(cubin)

@@ -1,0 +1,169 @@
+"""The cutlass backend (CuTe, sm_90a): what it refuses and why (CPU), and parity with the float64
+oracle on an H100/H200 (GPU): 16, 64 and 128 heads, 1, 2 and 4 new tokens per row (causal and
+not, rows shorter than the new tokens), dense, paged and ragged caches, mixed lengths, forced
+splits through the combine, bf16 and fp16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilegym.backend import BackendUnavailableError
+from tilegym.ops import mla_decoding_split_kv
+from tilegym.ops.accuracy import lse_tolerance
+from tilegym.ops.contract import validate_mla_decoding
+from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+from tilegym.ops.mla_decoding import MLA_DECODING
+from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error, to_pages
+
+BACKEND = "cutlass"
+
+
+def _call(heads: int, q_len: int = 1, *, dtype=torch.bfloat16, kv_dtype=None, head_dim=512, rope_dim=64):
+    x = make_mla_inputs(2, heads, 64, head_dim, rope_dim, dtype=dtype, kv_dtype=kv_dtype, q_len=q_len)
+    return validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
+
+
+# ----------------------------------------------------------------------------- CPU: reasons, not crashes
+
+
+def test_too_many_query_rows_is_refused_with_a_reason() -> None:
+    reasons = cutlass_mla.supports(_call(64, q_len=4))
+    assert len(reasons) == 1 and "1..128 query rows" in reasons[0] and "4 x 64 = 256" in reasons[0]
+
+
+def test_fp8_cache_is_refused_with_a_reason() -> None:
+    reasons = cutlass_mla.supports(_call(16, kv_dtype=torch.float8_e4m3fn))
+    assert reasons == ["cutlass does not implement the fp8 KV cache (bf16/fp16 only)"]
+
+
+def test_other_head_dims_are_refused_with_a_reason() -> None:
+    reasons = cutlass_mla.supports(_call(16, head_dim=128, rope_dim=32))
+    assert reasons == ["cutlass supports D=512, P=64, got D=128, P=32"]
+
+
+def test_cpu_tensors_are_refused_with_a_reason() -> None:
+    reasons = cutlass_mla.supports(_call(16, q_len=2))
+    assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+
+
+def test_asking_for_cutlass_on_cpu_raises_backend_unavailable() -> None:
+    x = make_mla_inputs(1, 16, 32)
+    with pytest.raises(BackendUnavailableError, match="cutlass"):
+        mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, backend=BACKEND)
+
+
+def test_every_variant_is_listed_for_precompile() -> None:
+    import tilegym.ops.cutlass as backend
+
+    names = sorted(k.instance_name for k in backend.all_kernels())
+    assert names == sorted(
+        f"{kernel}<{ctype}>"
+        for kernel in (cutlass_mla.KERNEL, cutlass_mla.COMBINE_KERNEL)
+        for ctype in ("__half", "__nv_bfloat16")
+    )
+
+
+def test_shared_memory_request_fits_one_hopper_sm() -> None:
+    # 227 KB is the most one CTA may ask for on sm_90.
+    assert cutlass_mla.SHARED_BYTES <= 227 * 1024
+
+
+# ----------------------------------------------------------------------------- GPU: parity
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU (H100/H200)")
+
+
+def _check(x, out, lse, *, causal: bool, sm_scale: float | None = None, dtype=torch.bfloat16) -> None:
+    expected, expected_lse = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, sm_scale, kv_lens=x.kv_lens, causal=causal)
+    err = relative_error(out, expected)
+    tolerance = MLA_DECODING.tolerance(BACKEND, dtype, x.kv.dtype)
+    assert err <= tolerance, f"rel. L2 error {err:.2e} > {tolerance:.0e}"
+    live = expected_lse.isfinite()
+    atol = lse_tolerance(MLA_DECODING.name, BACKEND, x.kv.dtype)
+    torch.testing.assert_close(lse.cpu().double()[live], expected_lse[live], atol=atol, rtol=0)
+    assert torch.equal(lse.cpu()[~live], torch.full_like(lse.cpu()[~live], float("-inf")))
+    assert torch.all(out.cpu()[~live] == 0)
+
+
+GPU_CASES = [
+    # (heads, q_len, causal, lens) with S = 300 unless the lens say otherwise
+    (16, 1, True, None),
+    (16, 2, True, (300, 1, 0, 157)),
+    (16, 4, True, (300, 3, 2, 77)),
+    (16, 4, False, (300, 3, 0, 77)),
+    (64, 1, True, (300, 64, 65, 1)),
+    (64, 2, True, (129, 1, 300, 64)),
+    (64, 2, False, (129, 1, 300, 64)),
+    (128, 1, True, (300, 0, 191, 200)),
+    (128, 1, True, None),
+]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(("heads", "q_len", "causal", "lens"), GPU_CASES)
+@pytest.mark.parametrize("layout", ["dense", "paged", "ragged"])
+def test_parity_with_float64(heads: int, q_len: int, causal: bool, lens, layout: str) -> None:
+    g = torch.Generator().manual_seed(hash((heads, q_len, causal, lens, layout)) % 2**31)
+    batch = 4 if lens is not None else 3
+    x = make_mla_inputs(batch, heads, 300, dtype=torch.bfloat16, device="cuda", kv_lens=lens, generator=g, q_len=q_len)
+    kwargs = {"kv_lens": x.kv_lens}
+    kv, kpe = x.kv, x.kpe
+    if layout != "dense":
+        if x.kv_lens is None:
+            x.kv_lens = kwargs["kv_lens"] = torch.full((batch,), 300, dtype=torch.int32, device="cuda")
+        paged = to_pages(x, 16 if layout == "paged" else 1, generator=g)
+        kv, kpe = paged.kv, paged.kpe
+        kwargs = paged.layout_kwargs(layout)
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, kv, kpe, causal=causal, return_lse=True, backend=BACKEND, **kwargs)
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=causal)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("split", [64, 128])
+def test_forced_splits_go_through_the_combine(dtype: torch.dtype, split: int) -> None:
+    g = torch.Generator().manual_seed(split)
+    lens = (1000, 0, 513, 64, 1)
+    x = make_mla_inputs(5, 32, 1000, dtype=dtype, device="cuda", kv_lens=lens, generator=g, q_len=2)
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, x.kv, x.kpe, 0.05, split, kv_lens=x.kv_lens, return_lse=True, backend=BACKEND
+    )
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True, sm_scale=0.05, dtype=dtype)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("page_size", [32, 64])
+def test_large_pages_and_many_heads(page_size: int) -> None:
+    g = torch.Generator().manual_seed(page_size)
+    x = make_mla_inputs(6, 128, 2000, device="cuda", kv_lens=(2000, 1999, 700, 33, 1500, 1024), generator=g)
+    paged = to_pages(x, page_size, generator=g)
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, paged.kv, paged.kpe, return_lse=True, backend=BACKEND, **paged.layout_kwargs("paged")
+    )
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_graph_replay_is_bitwise_stable() -> None:
+    g = torch.Generator().manual_seed(7)
+    x = make_mla_inputs(8, 64, 1024, device="cuda", kv_lens=tuple(range(100, 1024, 120)), generator=g)
+    first = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, backend=BACKEND).clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, backend=BACKEND)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, first)

@@ -1,0 +1,54 @@
+"""Backend ``cutlass``: CUDA C++ kernels written with CuTe for Hopper (sm_90a: wgmma), for MLA decoding.
+
+Nothing here imports torch's CUDA state, cuda-bindings or the toolchain at import time: the probe
+and the kernel module are consulted only when an op or ``info`` asks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilegym.backend import register_impl, register_probe
+from tilegym.ops.mla_decoding import MLA_DECODING
+
+NVIDIA = ("nvidia",)
+ARCH = (9, 0)  # wgmma kernels: sm_90a only
+
+
+def probe() -> list[str]:
+    """Why the cutlass backend cannot run on this machine at all (per-variant cubins are checked per call)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.version.hip:
+        return ["needs an NVIDIA GPU (none visible to PyTorch)"]
+    capability = torch.cuda.get_device_capability()
+    if capability != ARCH:
+        return [f"needs a Hopper GPU (sm_90: its kernels use wgmma), found sm_{capability[0]}{capability[1]}"]
+    try:
+        import cuda.bindings.driver  # noqa: F401
+    except ImportError as exc:
+        return [f"needs cuda-python's driver bindings (pip install cuda-bindings): {exc}"]
+    return []
+
+
+register_probe("cutlass", probe)
+
+
+def _mla_supports(call: Any) -> list[str]:
+    from tilegym.ops.cutlass.mla_decoding_split_kv import supports
+
+    return supports(call)
+
+
+@register_impl(MLA_DECODING.name, "cutlass", vendors=NVIDIA, supports=_mla_supports)
+def plan_mla_decoding_split_kv(call: Any) -> Any:
+    from tilegym.ops.cutlass.mla_decoding_split_kv import plan
+
+    return plan(call)
+
+
+def all_kernels() -> list[Any]:
+    """Every kernel variant this backend may launch (for ``python -m tilegym precompile``)."""
+    from tilegym.ops.cutlass.mla_decoding_split_kv import all_kernels as kernels
+
+    return kernels()
