@@ -47,6 +47,26 @@ def test_cpu_tensors_are_refused_with_a_reason() -> None:
     assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
 
 
+def test_batches_beyond_the_combine_grid_are_refused_with_a_reason() -> None:
+    x = make_mla_inputs(1, 16, 8)
+    big = cutlass_mla.MAX_GRID_Y + 1
+    q, qpe, cache = (t.expand(big, *t.shape[1:]) for t in (x.q, x.qpe, x.cache))
+    call = validate_mla_decoding(q, qpe, cache[..., :512], cache[..., 512:])
+    assert cutlass_mla.supports(call) == [
+        f"cutlass launches its combine with the batch on grid.y: at most 65535 rows, got {big}"
+    ]
+
+
+@pytest.mark.parametrize(("capability", "found"), [((8, 0), "sm_80"), ((10, 0), "sm_100")])
+def test_probe_names_hopper_as_the_only_arch(monkeypatch: pytest.MonkeyPatch, capability, found: str) -> None:
+    import tilegym.ops.cutlass as backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert backend.probe() == [f"needs a Hopper GPU (sm_90: its kernels use wgmma), found {found}"]
+
+
 def test_asking_for_cutlass_on_cpu_raises_backend_unavailable() -> None:
     x = make_mla_inputs(1, 16, 32)
     with pytest.raises(BackendUnavailableError, match="cutlass"):

@@ -36,6 +36,7 @@ MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 MAX_INT32 = 2**31 - 1
+MAX_GRID_Y = 65535
 SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float")
 
 
@@ -98,6 +99,8 @@ def supports(call: MLADecodeCall) -> list[str]:
             f"cutlass serves {MIN_QUERY_ROWS}..{MAX_QUERY_ROWS} query rows per KV read (new tokens x heads), "
             f"got {call.q_len} x {call.heads} = {call.query_rows}"
         ]
+    if call.batch > MAX_GRID_Y:
+        return [f"cutlass launches its combine with the batch on grid.y: at most {MAX_GRID_Y} rows, got {call.batch}"]
     reasons = _arch_reasons(call) + _layout_reasons(call)
     if reasons:
         return reasons
