@@ -67,6 +67,7 @@ SUITES: dict[str, tuple[Shape, ...]] = {
     "many-heads": _shapes((64, 4096, 64), (64, 4096, 128), (128, 8192, 128), (128, 4096, 128, 1, "uniform")),
     "mtp": _shapes((64, 4096, 16, 1), (64, 4096, 16, 2), (64, 4096, 16, 4), (64, 4096, 128, 2)),
     "quick": _shapes((64, 4096, 16), (64, 4096, 128), (4, 1024, 16)),
+    "quantized": _shapes((64, 4096, 16), (128, 8192, 16), (64, 4096, 128)),  # the cache-format targets
     "tiny": _shapes((2, 128, 16), (3, 96, 16, 2, "uniform")),  # CPU smoke run: Triton's interpreter included
 }
 
