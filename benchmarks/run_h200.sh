@@ -9,6 +9,8 @@
 # `deepseek`, `mixed:paged:64`, `deepseek:ragged:1@triton,tilecpp`, `deepseek+fp8`, `deepseek+mxfp4`. Results land in benchmarks/results/<suite>/,
 # which the repository commits; $OUT gets results.tar.gz (the results and every step's log).
 #
+# Step limits (seconds): TESTS_LIMIT (default 330), BENCH_LIMIT (default 300 per suite).
+#
 # Run from the repository root, with the Tile C++ cubins compiled beforehand (on the CPU
 # machine) into .cache/tilecpp and carried along:
 #   run(command="bash benchmarks/run_h200.sh tests deepseek", carry=[".cache/tilecpp"], timeout_s=600)
@@ -51,7 +53,7 @@ bench_step() {
     [ -n "$kv" ] && args+=(--kv-dtype "$kv")
     [ -n "$backends" ] && args+=(--backends "$backends")
     n=$((n + 1))
-    step "$n-bench-$dir" 300 "$PY" -m tilegym bench "${args[@]}"
+    step "$n-bench-$dir" "${BENCH_LIMIT:-300}" "$PY" -m tilegym bench "${args[@]}"
 }
 
 step 0-info 60 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; $PY -m tilegym info"
@@ -59,7 +61,7 @@ for spec in "$@"; do
     case $spec in
     tests)
         n=$((n + 1))
-        step "$n-gpu-tests" 330 "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -q -rfE tests
+        step "$n-gpu-tests" "${TESTS_LIMIT:-330}" "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -q -rfE tests
         cp "$LOGS/$n-gpu-tests.log" benchmarks/results/gpu-tests-h200.log
         ;;
     demo)
