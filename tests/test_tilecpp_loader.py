@@ -221,9 +221,12 @@ def test_supports_reasons_for_unsupported_inputs() -> None:
     x = make_mla_inputs(2, 16, 8, head_dim=256)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe)
     assert any("D=512, P=64" in r for r in tilecpp_mla.supports(call))
-    fp8 = make_mla_inputs(2, 16, 8, kv_dtype=torch.float8_e4m3fn)
-    call = validate_mla_decoding(fp8.q, fp8.qpe, fp8.kv, fp8.kpe, kv_scale=fp8.kv_scale)
-    assert any("fp8" in r for r in tilecpp_mla.supports(call))
+    fp8 = make_mla_inputs(2, 16, 8, kv_dtype=torch.float8_e4m3fn, kv_lens=[8, 3])
+    pages = to_pages(fp8, 1)  # fp8 variants are built for pages of 16 tokens and more
+    call = validate_mla_decoding(
+        fp8.q, fp8.qpe, pages.kv, pages.kpe, kv_scale=fp8.kv_scale, **pages.layout_kwargs("paged")
+    )
+    assert any("fp8" in r and "page sizes 16, 32" in r for r in tilecpp_mla.supports(call))
     cache = torch.randn(2, 8, 577).to(torch.bfloat16)  # rows not 16-byte aligned
     x = make_mla_inputs(2, 16, 8)
     call = validate_mla_decoding(x.q, x.qpe, cache[..., :512], cache[..., 512:576])
@@ -242,7 +245,7 @@ def test_layout_kind_and_config_follow_the_page_size() -> None:
             call = validate_mla_decoding(x.q, x.qpe, pages.kv, pages.kpe, **pages.layout_kwargs(layout))
             assert m.choose_config(call) is m.SMALL_HEADS
             assert m.layout_kind(call, m.SMALL_HEADS) == kind, (page_size, layout)
-    assert any("page sizes 1, 16, 32 and multiples of 64, got 4" in r for r in m.supports(call))
+    assert any("page sizes 1, 16, 32 and multiples of 64 for a bf16/fp16 cache, got 4" in r for r in m.supports(call))
     many = make_mla_inputs(2, 128, 128, kv_lens=[128, 3])
     pages = to_pages(many, 64)
     call = validate_mla_decoding(many.q, many.qpe, pages.kv, pages.kpe, **pages.layout_kwargs("paged"))
@@ -253,6 +256,7 @@ def test_every_config_has_a_kernel_for_each_of_its_layouts() -> None:
     m = tilecpp_mla
     names = {k.instance_name for k in m.all_kernels()}
     per_dtype = sum(len(m.layout_kinds(c)) for c in m.CONFIGS) + 2  # + two combine tiles
+    per_dtype += sum(len(m.layout_kinds(c, m.FP8_KV)) for c in m.FP8_CONFIGS)  # fp8 caches
     assert len(names) == len(m.DTYPES) * per_dtype
     assert all(len(m.layout_kinds(c)) >= 2 for c in m.CONFIGS)
 

@@ -18,17 +18,32 @@
 // < L - q_len + 1 + i.
 // OCCUPANCY is the compiler hint for CTAs per SM.
 //
-// Memory traffic per program (bf16/fp16, D = 512, P = 64, L = tokens of its piece):
-//   reads  L * 576 * 2 B of KV (once, whatever BLOCK_H), and per row met BLOCK_H * 576 * 2 B of
-//          queries (+ one 4-byte page id per step or per token with pages),
+// Types: T is the query and output dtype (bf16/fp16); KV the cache element (T, or __nv_fp8_e4m3
+// for an fp8 cache whose value is kv * kv_scale); M the MMA element type (T; __half with an fp8
+// cache). An fp8 tile is widened to M (exact), never scaled: kv_scale, read once per program from
+// its device pointer (no host sync, graph-safe), multiplies the score scale, and, since V is the
+// same latent tile, the output once (out = (P . kv_fp8) * kv_scale / l). A bf16 query is then
+// rescaled per row by a power of two and cast to f16 (exact for entries within 2^24 of the row's
+// largest), its factor folded into that row's score scale. Tile size built for fp8: 16 x 64
+// (BLOCK_H x BLOCK_N) for every head count. The fp8 tiles arrive by 128-bit async copies like 16-bit
+// ones; the MMA warps then widen them from shared memory (SASS: LDS.U16 + F2FP.F16.E4M3 + STS.128
+// per pair of elements), which bounds the fp8 kernel by instruction latency, not by memory
+// (benchmarks/NOTES_tilecpp.md, "fp8 cache").
+//
+// Memory traffic per program (D = 512, P = 64, L = tokens of its piece, e = 2 B for a bf16/fp16
+// cache and 1 B for fp8, t = 2 B for the query/output dtype):
+//   reads  L * 576 * e of KV (once, whatever BLOCK_H), and per row met BLOCK_H * 576 * t of
+//          queries (+ one 4-byte page id per step or per token with pages, + 4 B of kv_scale),
 //   writes per row met BLOCK_H * 512 * 4 B of partial output + BLOCK_H * 4 B of lse (a whole
-//          row: BLOCK_H * 512 * 2 B, final).
+//          row: BLOCK_H * 512 * t, final).
 // Whole launch with one query-row group: the cache of the tokens present, once.
 //
-// Sizes, strides, lengths and the schedule are runtime arguments; only the dtype, the tile shape
+// Sizes, strides, lengths and the schedule are runtime arguments; only the dtypes, the tile shape
 // and the layout kind are template parameters. Strides are in elements; rows must be 16-byte
 // aligned (the launcher checks), so loads are 128-bit vectors.
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include "common.cuh"
 
@@ -55,14 +70,31 @@ __tile__ auto load_paged_rows(const T* base, const int* table_row, int pos0, int
   }
 }
 
+template <typename A, typename B>
+inline constexpr bool same_v = false;
+template <typename A>
+inline constexpr bool same_v<A, A> = true;
+
+// A cache tile as T for the MMAs: an fp8 tile is widened (exact: e4m3 fits in bf16 and fp16); a T
+// tile is returned as is.
+template <typename T, typename KV, typename Tile>
+__tile__ auto widen(Tile t) {
+  if constexpr (sizeof(KV) == sizeof(T)) {
+    return t;
+  } else {
+    return cuda::tiles::element_cast<T>(t);
+  }
+}
+
 }  // namespace tilegym
 
-template <typename T, int BLOCK_H, int BLOCK_N, int OCCUPANCY, int LAYOUT, int PAGE_SIZE>
+template <typename T, typename KV, typename M, int BLOCK_H, int BLOCK_N, int OCCUPANCY, int LAYOUT, int PAGE_SIZE>
 [[using cutile: hint(0, occupancy = OCCUPANCY)]]
 __tile_global__ void mla_decode_split_kernel(
-    const T* __restrict__ q, const T* __restrict__ qpe, const T* __restrict__ kv, const T* __restrict__ kpe,
+    const T* __restrict__ q, const T* __restrict__ qpe, const KV* __restrict__ kv, const KV* __restrict__ kpe,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
+    const float* __restrict__ kv_scale,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int page_size, int num_pages, int num_indices,
     int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb, long long qpe_sq, long long qpe_sh,
@@ -70,6 +102,13 @@ __tile_global__ void mla_decode_split_kernel(
   namespace ct = cuda::tiles;
   constexpr int D = 512;  // latent width: K's first D columns and all of V
   constexpr int P = 64;   // rope width: the rest of K
+  // An fp8 cache (KV = __nv_fp8_e4m3, 1 byte) holds value / kv_scale: its tiles are widened to T in
+  // registers (exact), the scale goes once into the score scale and once into the output.
+  constexpr bool FP8 = sizeof(KV) == 1;
+  // M: the MMA element type. T for a T cache; for an fp8 cache T or __half (one-instruction e4m3 ->
+  // f16 widening; a bf16 query is then rescaled per row by a power of two and cast to f16: exact for
+  // every entry within 2^24 of the row's largest).
+  constexpr bool RESCALE_Q = FP8 && !tilegym::same_v<M, T>;
   using i32_H = ct::tile<int, ct::shape<BLOCK_H>>;
   using i32_N = ct::tile<int, ct::shape<BLOCK_N>>;
   using i32_D = ct::tile<int, ct::shape<D>>;
@@ -89,10 +128,17 @@ __tile_global__ void mla_decode_split_kernel(
   qpe_sb = ct::assume_divisible<8>(qpe_sb);
   qpe_sq = ct::assume_divisible<8>(qpe_sq);
   qpe_sh = ct::assume_divisible<8>(qpe_sh);
-  kv_s0 = ct::assume_divisible<8>(kv_s0);
-  kv_s1 = ct::assume_divisible<8>(kv_s1);
-  kpe_s0 = ct::assume_divisible<8>(kpe_s0);
-  kpe_s1 = ct::assume_divisible<8>(kpe_s1);
+  constexpr int KV_VEC = 16 / sizeof(KV);  // cache elements per 16 bytes
+  kv_s0 = ct::assume_divisible<KV_VEC>(kv_s0);
+  kv_s1 = ct::assume_divisible<KV_VEC>(kv_s1);
+  kpe_s0 = ct::assume_divisible<KV_VEC>(kpe_s0);
+  kpe_s1 = ct::assume_divisible<KV_VEC>(kpe_s1);
+
+  float v_scale = 1.0f;
+  if constexpr (FP8) {
+    v_scale = kv_scale[0];  // device scalar: no host sync
+    qk_scale_log2 = qk_scale_log2 * v_scale;
+  }
 
   const int piece = ct::bid().x;
   const int r0 = ct::bid().y * BLOCK_H;
@@ -122,8 +168,26 @@ __tile_global__ void mla_decode_split_kernel(
       // Query rows stay inside one batch row: their offsets are small int32.
       auto q_rows = ct::reshape(token * (int)q_sq + head * (int)q_sh, ct::shape<BLOCK_H, 1>{});
       auto qpe_rows = ct::reshape(token * (int)qpe_sq + head * (int)qpe_sh, ct::shape<BLOCK_H, 1>{});
-      auto q_dh = ct::transpose(ct::load_masked(q + b * q_sb + (q_rows + d_row), r_ok_col, T(0)));
-      auto qpe_ph = ct::transpose(ct::load_masked(qpe + b * qpe_sb + (qpe_rows + p_row), r_ok_col, T(0)));
+      auto q_in = ct::transpose(ct::load_masked(q + b * q_sb + (q_rows + d_row), r_ok_col, T(0)));
+      auto qpe_in = ct::transpose(ct::load_masked(qpe + b * qpe_sb + (qpe_rows + p_row), r_ok_col, T(0)));
+      // Scores of this row group, log2 units: S * score_scale (per query row when the query is rescaled).
+      auto score_scale = ct::full<f32_1H>(qk_scale_log2);
+      ct::tile<M, ct::shape<D, BLOCK_H>> q_dh;
+      ct::tile<M, ct::shape<P, BLOCK_H>> qpe_ph;
+      if constexpr (RESCALE_Q) {
+        auto q32 = ct::element_cast<float>(q_in);
+        auto qpe32 = ct::element_cast<float>(qpe_in);
+        auto amax = ct::max(ct::reduce_max(ct::abs(q32), ct::integral_constant<0>{}),
+                            ct::reduce_max(ct::abs(qpe32), ct::integral_constant<0>{}));
+        // Largest entry to [2^14, 2^15): far from the f16 maximum, and the scores undo it exactly.
+        auto head_scale = ct::exp2(ct::floor(ct::log2(ct::select(amax > 0.0f, amax, ct::full<f32_1H>(1.0f)))) - 14.0f);
+        q_dh = ct::element_cast<M>(q32 / head_scale);
+        qpe_ph = ct::element_cast<M>(qpe32 / head_scale);
+        score_scale = score_scale * head_scale;
+      } else {
+        q_dh = q_in;
+        qpe_ph = qpe_in;
+      }
 
       // Causal MTP: the last position each query row may see (exclusive), as a [1, BLOCK_H] row.
       auto limit_h = causal ? (token + (len - q_len + 1)) : ct::full<i32_H>(len);
@@ -152,32 +216,39 @@ __tile_global__ void mla_decode_split_kernel(
         const int pos0 = blk * BLOCK_N;
         auto pos = n_col + pos0;
         auto row_ok = pos < len;
-        ct::tile<T, ct::shape<BLOCK_N, D>> kv_t;
-        ct::tile<T, ct::shape<BLOCK_N, P>> kpe_t;
+        ct::tile<KV, ct::shape<BLOCK_N, D>> kv_t;
+        ct::tile<KV, ct::shape<BLOCK_N, P>> kpe_t;
         if constexpr (LAYOUT == 0) {
-          kv_t = ct::load_masked(kv + b * kv_s0 + pos0 * kv_s1 + kv_offs, row_ok, T(0));
-          kpe_t = ct::load_masked(kpe + b * kpe_s0 + pos0 * kpe_s1 + kpe_offs, row_ok, T(0));
+          kv_t = ct::load_masked(kv + b * kv_s0 + pos0 * kv_s1 + kv_offs, row_ok, KV(0));
+          kpe_t = ct::load_masked(kpe + b * kpe_s0 + pos0 * kpe_s1 + kpe_offs, row_ok, KV(0));
         } else if constexpr (LAYOUT == 1) {
           int page = table_row[pos0 / page_size];
           page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
           const long long slot0 = pos0 % page_size;
-          kv_t = ct::load_masked(kv + page * kv_s0 + slot0 * kv_s1 + kv_offs, row_ok, T(0));
-          kpe_t = ct::load_masked(kpe + page * kpe_s0 + slot0 * kpe_s1 + kpe_offs, row_ok, T(0));
+          kv_t = ct::load_masked(kv + page * kv_s0 + slot0 * kv_s1 + kv_offs, row_ok, KV(0));
+          kpe_t = ct::load_masked(kpe + page * kpe_s0 + slot0 * kpe_s1 + kpe_offs, row_ok, KV(0));
         } else {
           // Pages smaller than a step (PAGE_SIZE tokens, a template argument): one page id and one
           // strided load per page.
           kv_t = tilegym::load_paged_rows<BLOCK_N, PAGE_SIZE, D>(kv, table_row, pos0, len, num_pages, kv_s0, kv_s1);
           kpe_t = tilegym::load_paged_rows<BLOCK_N, PAGE_SIZE, P>(kpe, table_row, pos0, len, num_pages, kpe_s0, kpe_s1);
         }
-        auto s = ct::mma(kpe_t, qpe_ph, ct::mma(kv_t, q_dh, ct::zeros<f32_NH>()));
-        s = ct::select(pos < limit, s * qk_scale_log2, ct::full<f32_NH>(-INFINITY));
+        auto kv_w = tilegym::widen<M, KV>(kv_t);
+        auto kpe_w = tilegym::widen<M, KV>(kpe_t);
+        auto s = ct::mma(kpe_w, qpe_ph, ct::mma(kv_w, q_dh, ct::zeros<f32_NH>()));
+        if constexpr (RESCALE_Q) {
+          s = s * score_scale;
+        } else {
+          s = s * qk_scale_log2;
+        }
+        s = ct::select(pos < limit, s, ct::full<f32_NH>(-INFINITY));
         auto m_new = ct::max(m, ct::reduce_max(s, ct::integral_constant<0>{}));
         // A query row that sees no token of this step (causal MTP) keeps m = -inf: shift by 0 then.
         auto m_safe = ct::select(m_new == -INFINITY, ct::zeros<f32_1H>(), m_new);
         auto p = ct::exp2(s - m_safe);
         auto alpha = ct::exp2(m - m_safe);
         l = l * alpha + ct::sum(p, ct::integral_constant<0>{});
-        acc = ct::mma(ct::transpose(kv_t), ct::element_cast<T>(p), acc * alpha);
+        acc = ct::mma(ct::transpose(kv_w), ct::element_cast<M>(p), acc * alpha);
         m = m_new;
       }
 
@@ -185,6 +256,7 @@ __tile_global__ void mla_decode_split_kernel(
       // the row's data makes l NaN, and then the lse too, so the combine keeps the NaN.
       auto empty = l == 0.0f;
       auto out_dh = acc / ct::select(empty, ct::full<f32_1H>(1.0f), l);
+      if constexpr (FP8) out_dh = out_dh * v_scale;
       auto lse = ct::select(empty, ct::full<f32_1H>(-INFINITY), (m + ct::log2(l)) * tilegym::kLn2);
       auto r_col = ct::reshape(r, ct::shape<BLOCK_H, 1>{});
       if (whole) {

@@ -6,9 +6,10 @@ segment that is a whole row writes the final output, the others float32 partials
 (``mla_decoding_combine.cuh``) merges the rows split over several segments and zeroes empty
 rows. Variants: dtype (bf16, fp16) x tile
 config (query rows per program, tokens per step) x layout kind (dense rows, pages holding a
-whole step, or smaller pages of 1, 16 or 32 tokens, one strided load each); sizes, strides,
-lengths and the schedule are runtime arguments, so a new shape or batch never compiles
-anything.
+whole step, or smaller pages of 1, 16 or 32 tokens, one strided load each); with an fp8 cache
+(float8_e4m3fn, per-tensor ``kv_scale`` read on the device) the 16 x 64 config only, pages of 16
+tokens and more; sizes, strides, lengths and the schedule are runtime arguments, so a new shape
+or batch never compiles anything.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ COMBINE_ROWS_KERNEL = "mla_decode_combine_rows_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 DTYPES = (torch.bfloat16, torch.float16)
+# fp8 cache (kv and kpe float8_e4m3fn, cache value = kv * kv_scale): the kernel widens its tiles to f16
+# (exact; kv_scale goes into the score scale and the output, read from its device pointer).
+FP8_KV = torch.float8_e4m3fn
+KV_C_TYPES = {**C_TYPES, FP8_KV: "__nv_fp8_e4m3"}
+# With an fp8 cache the MMAs run in fp16 whatever the query dtype: e4m3 -> f16 is one instruction per
+# two elements (e4m3 -> bf16 goes through f32), and a bf16 query is rescaled per row to f16 exactly.
+FP8_MMA_DTYPE = torch.float16
 MAX_INT32 = 2**31 - 1
 MAX_GRID_YZ = 65535
 # Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
@@ -66,10 +74,23 @@ SMALL_HEADS = TileConfig(16, 64, 1)
 MANY_HEADS = TileConfig(32, 128, 1)
 MANY_HEADS_PAGED = TileConfig(32, 64, 1)  # pages under 128 tokens: 64-token steps (fewer per-page loads)
 CONFIGS = (SMALL_HEADS, MANY_HEADS, MANY_HEADS_PAGED)
+# fp8 cache: 16-row programs with 64-token steps for every head count. The widening runs in the MMA
+# warps, so wider programs spill (32 x 128: ~3.5 KB of stack per thread, 32 x 64: 0.75 KB) and were
+# slower at 128 heads on the H200 (benchmarks/NOTES_tilecpp.md).
+FP8_CONFIGS = (SMALL_HEADS,)
 
 
-def layout_kinds(config: TileConfig) -> list[LayoutKind]:
-    """The layout kinds built for a config."""
+# fp8 caches are built for pages of at least 16 tokens only: a page-size-1 variant takes 70-220 s to
+# compile per dtype, and its per-page loads were 10x slower than a step-wide load in bf16 anyway.
+FP8_SMALL_PAGE_SIZES = (16, 32)
+
+
+def layout_kinds(config: TileConfig, kv_dtype: torch.dtype | None = None) -> list[LayoutKind]:
+    """The layout kinds built for a config (and cache dtype: fp8 skips pages of 1 token)."""
+    if kv_dtype == FP8_KV:
+        if config not in FP8_CONFIGS:
+            return []
+        return [DENSE_ROWS, PAGE_PER_STEP, *(PAGED_ROWS[s] for s in FP8_SMALL_PAGE_SIZES if s < config.block_n)]
     if config is MANY_HEADS:
         return [DENSE_ROWS, PAGE_PER_STEP]
     kinds = [PAGE_PER_STEP, *(PAGED_ROWS[s] for s in SMALL_PAGE_SIZES if s < config.block_n)]
@@ -77,11 +98,32 @@ def layout_kinds(config: TileConfig) -> list[LayoutKind]:
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, config: TileConfig, kind: LayoutKind) -> TileCppKernel:
-    """The split kernel for ``dtype`` inputs, tile config ``config`` and a layout kind."""
-    ctype = C_TYPES[dtype]
-    pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
-    template_args = (ctype, config.block_h, config.block_n, config.occupancy, *kind)
+def split_kernel(
+    dtype: torch.dtype,
+    config: TileConfig,
+    kind: LayoutKind,
+    kv_dtype: torch.dtype | None = None,
+    mma_dtype: torch.dtype | None = None,
+) -> TileCppKernel:
+    """The split kernel for ``dtype`` queries, a ``kv_dtype`` cache (default: ``dtype``), a tile config and a layout.
+
+    ``mma_dtype``: the MMA element type (default: ``dtype``; fp16 for an fp8 cache, see FP8_MMA_DTYPE).
+    """
+    kv_dtype = kv_dtype or dtype
+    if mma_dtype is None:
+        mma_dtype = FP8_MMA_DTYPE if kv_dtype == FP8_KV else dtype
+    ctype, kvtype, mtype = C_TYPES[dtype], KV_C_TYPES[kv_dtype], C_TYPES[mma_dtype]
+    pointers = (
+        *(f"const {ctype}*",) * 2,
+        *(f"const {kvtype}*",) * 2,
+        *("const int*",) * 6,
+        "const float*",
+        f"{ctype}*",
+        "float*",
+        "float*",
+        "float*",
+    )
+    template_args = (ctype, kvtype, mtype, config.block_h, config.block_n, config.occupancy, *kind)
     return TileCppKernel(HEADER, KERNEL, template_args, (*pointers, *SPLIT_PARAMS))
 
 
@@ -103,12 +145,16 @@ def combine_tile(programs: int, batch: int) -> tuple[int, int, int]:
 def all_kernels() -> list[TileCppKernel]:
     """Every decode variant the library may launch."""
     splits = [split_kernel(d, c, k) for d in DTYPES for c in CONFIGS for k in layout_kinds(c)]
+    splits += [split_kernel(d, c, k, FP8_KV) for d in DTYPES for c in FP8_CONFIGS for k in layout_kinds(c, FP8_KV)]
     return splits + [combine_kernel(d, t) for d in DTYPES for t in (FEW_SEGMENTS_TILE, MANY_SEGMENTS_TILE)]
 
 
 def choose_config(call: MLADecodeCall) -> TileConfig:
-    """16-row programs up to 16 query rows, else 32-row programs (64-token steps with pages under 128)."""
+    """16-row programs up to 16 query rows or with an fp8 cache, else 32-row programs (64-token steps with
+    pages under 128)."""
     if call.query_rows <= SMALL_HEADS.block_h:
+        return SMALL_HEADS
+    if call.is_fp8:
         return SMALL_HEADS
     if call.is_paged and call.page_size < MANY_HEADS.block_n:
         return MANY_HEADS_PAGED
@@ -128,9 +174,10 @@ def _alignment_reasons(call: MLADecodeCall) -> list[str]:
     reasons = []
     for name in ("q", "qpe", "kv", "kpe"):
         t = getattr(call, name)
-        if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
+        vec = 16 // t.element_size()
+        if t.data_ptr() % 16 or any(s % vec for s in t.stride()[:-1]):
             reasons.append(
-                f"tilecpp needs {name} rows on 16-byte boundaries (pointer aligned, strides multiples of 8 "
+                f"tilecpp needs {name} rows on 16-byte boundaries (pointer aligned, strides multiples of {vec} "
                 f"elements), got strides {t.stride()}"
             )
     return reasons
@@ -150,22 +197,25 @@ def _offset_reasons(call: MLADecodeCall, config: TileConfig) -> list[str]:
 
 def supports(call: MLADecodeCall) -> list[str]:
     """Why the Tile C++ kernels cannot run ``call`` (empty: they can)."""
-    if call.is_fp8:
-        return ["tilecpp does not implement the fp8 KV cache (bf16/fp16 only)"]
+    if call.is_fp8 and call.kv.dtype != FP8_KV:
+        return [f"tilecpp's fp8 cache is {FP8_KV} (kv_scale per tensor), got {call.kv.dtype}"]
     if (call.head_dim, call.rope_dim) != (HEAD_DIM, ROPE_DIM):
         return [f"tilecpp supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
     config = choose_config(call)
     kind = layout_kind(call, config)
-    if kind is None:
-        sizes = ", ".join(map(str, SMALL_PAGE_SIZES))
-        return [f"tilecpp builds page sizes {sizes} and multiples of {config.block_n}, got {call.page_size}"]
+    if kind is None or kind not in layout_kinds(config, call.kv.dtype):
+        sizes = ", ".join(map(str, FP8_SMALL_PAGE_SIZES if call.is_fp8 else SMALL_PAGE_SIZES))
+        cache = "an fp8 cache" if call.is_fp8 else "a bf16/fp16 cache"
+        return [
+            f"tilecpp builds page sizes {sizes} and multiples of {config.block_n} for {cache}, got {call.page_size}"
+        ]
     reasons = _alignment_reasons(call) + _offset_reasons(call, config)
     if cdiv(call.query_rows, config.block_h) > MAX_GRID_YZ:
         reasons.append(f"tilecpp launches Q*H/{config.block_h} query-row groups: at most {MAX_GRID_YZ}")
     if reasons:
         return reasons
     arch = device_arch(call.device)
-    kernels = [("split", split_kernel(call.q.dtype, config, kind))]
+    kernels = [("split", split_kernel(call.q.dtype, config, kind, call.kv.dtype))]
     kernels += [("combine", combine_kernel(call.q.dtype, t)) for t in (FEW_SEGMENTS_TILE, MANY_SEGMENTS_TILE)]
     for stage, kernel in kernels:
         if not kernel.available(arch):
@@ -190,7 +240,7 @@ class TileCppDecodePlan:
         rows, device = call.query_rows, call.device
         self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((shape.slots, rows), dtype=torch.float32, device=device)
-        self.split = split_kernel(call.q.dtype, config, layout_kind(call, config))
+        self.split = split_kernel(call.q.dtype, config, layout_kind(call, config), call.kv.dtype)
         tile = combine_tile(shape.programs, call.batch)
         self.combine = combine_kernel(call.q.dtype, tile)
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
@@ -257,6 +307,7 @@ class TileCppDecodePlan:
             kv.data_ptr(),
             kpe.data_ptr(),
             *self._split_schedule,
+            0 if kv_scale is None else kv_scale.data_ptr(),
             out_ptr,
             lse_ptr,
             *self._workspace,
