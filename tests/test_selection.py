@@ -293,7 +293,7 @@ def test_explain_fallback_says_why(table, on_arch):
 def test_explain_main_on_the_committed_h200_table(capsys):
     assert selection.explain_main(["--shape", "64,4096,16", "--kv-dtype", "fp8", "--arch", "sm_90"]) == 0
     text = capsys.readouterr().out
-    assert "auto picks triton" in text and "rows_per_kv<=16/batch<=128/length<=8192/dense/fp8" in text
+    assert "auto picks tilecpp" in text and "rows_per_kv<=16/batch<=128/length<=8192/dense/fp8" in text
     assert selection.explain_main(["--shape", "4,1024,16,1", "--arch", "sm_90"]) == 0
     text = capsys.readouterr().out
     report = json.loads((ROOT / "benchmarks/results/deepseek/mla_decoding_split_kv_deepseek_bf16.json").read_text())
@@ -328,21 +328,29 @@ def test_device_arch_is_cached_per_device_index(monkeypatch):
 
 
 def test_auto_on_the_h200_is_within_3_percent_of_the_fastest_for_every_committed_row() -> None:
-    """The committed table, asked about every shape of the committed deepseek and amd-mixed-mla runs."""
+    """The committed table, asked about every shape of the committed bf16 deepseek, amd-mixed-mla and
+    many-heads runs: what auto picks was measured for that shape, and in every run that measured it
+    it is within 3% of that run's fastest."""
     import json
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
+    runs: dict[tuple[int, int, int], list[dict[str, float]]] = {}
     for name in (
         "deepseek/mla_decoding_split_kv_deepseek_bf16.json",
         "amd-mixed-mla/mla_decoding_split_kv_amd-mixed-mla_bf16.json",
+        "many-heads/mla_decoding_split_kv_many-heads_bf16.json",
     ):
         report = json.loads((repo / "benchmarks" / "results" / name).read_text())
         shapes: dict[tuple[int, int, int], dict[str, float]] = {}
         for row in report["rows"]:
-            if row["status"] == "ok":
+            if row["status"] == "ok" and row.get("lengths", "full") == "full":
                 shapes.setdefault((row["batch"], row["seq_len"], row["heads"]), {})[row["backend"]] = row["time_us"]
-        for (batch, seq_len, heads), times in shapes.items():
-            picked = selection.explain(batch=batch, seq_len=seq_len, heads=heads, arch="sm_90").picked
-            assert picked in times, (batch, seq_len, heads, picked)
+        for shape, times in shapes.items():
+            runs.setdefault(shape, []).append(times)
+    for (batch, seq_len, heads), measured in runs.items():
+        picked = selection.explain(batch=batch, seq_len=seq_len, heads=heads, arch="sm_90").picked
+        with_pick = [times for times in measured if picked in times]
+        assert with_pick, (batch, seq_len, heads, picked, measured)
+        for times in with_pick:
             assert times[picked] <= 1.03 * min(times.values()), (batch, seq_len, heads, picked, times)
