@@ -1,7 +1,7 @@
 """``python -m tilegym precompile --arch sm_90 [--arch sm_100] [--backend tilecpp|cutlass|all] [--cache-dir DIR]``.
 
 Builds every kernel variant of the NVIDIA compiled backends (tilecpp: CUDA Tile C++; cutlass:
-CUDA C++ with CuTe, once that backend exists) for each named arch into the cubin cache. Needs
+CUDA C++ with CuTe) for each named arch into the cubin cache. Needs
 the toolchain but no GPU: this is how a GPU machine without a suitable nvcc gets its cubins
 (compile here, carry the cache there). A kernel that cannot target an arch is skipped for it
 (one line); an arch that no selected kernel can target stops everything before any compile.
@@ -49,7 +49,7 @@ def tilecpp_kernels() -> list[CubinKernel]:
 
 
 def cutlass_kernels() -> list[CubinKernel]:
-    """Every kernel variant the cutlass backend may launch (none while that backend does not exist)."""
+    """Every kernel variant the cutlass backend may launch (none when its module is not installed)."""
     if importlib.util.find_spec(CUTLASS_MODULE) is None:
         return []
     return list(importlib.import_module(CUTLASS_MODULE).all_kernels())
