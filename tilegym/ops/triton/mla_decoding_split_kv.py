@@ -347,6 +347,26 @@ def _concat_groups(a0, a1, a2, a3, BLOCK_H: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _packed_step_offsets(
+    table_row, blk, length, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
+    LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Step ``blk`` of a packed cache: its positions, their mask (inside the row), and the element
+    offsets of each token's latent, rope and scales (three views with their own strides)."""
+    n0 = blk * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < length
+    kv = _token_offsets(table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N)
+    kpe = _token_offsets(
+        table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+    )
+    scales = _token_offsets(
+        table_row, offs_n, n0, n_mask, num_pages, stride_s_0, stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N
+    )
+    return offs_n, n_mask, kv, kpe, scales
+
+
+@triton.jit
 def _groups_to_fp16(q0, q1, q2, q3):
     """The four query groups scaled per row by one power of two (largest entry near 2^14) and cast
     to fp16, exactly (see ``_queries_to_fp16``), and the per-row factor that undoes the scaling."""
@@ -410,18 +430,10 @@ def _attend_fp8_ds_mla(
     acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
     acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
     for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
-        n0 = blk * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < length
-        kv_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
-        kpe_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
-        s_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_s_0, stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
+        offs_n, n_mask, kv_offs, kpe_offs, s_offs = _packed_step_offsets(
+            table_row, blk, length, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0,
+            stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N,
+        )  # fmt: skip
         kv_tile = kv_row + kv_offs[:, None] + offs_g[None, :]
         k0 = tl.load(kv_tile, mask=n_mask[:, None], other=0.0).to(tl.float16)
         k1 = tl.load(kv_tile + GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
@@ -530,18 +542,10 @@ def _attend_mxfp4(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
     for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
-        n0 = blk * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < length
-        kv_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
-        kpe_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
-        s_offs = _token_offsets(
-            table_row, offs_n, n0, n_mask, num_pages, stride_s_0, stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N
-        )
+        offs_n, n_mask, kv_offs, kpe_offs, s_offs = _packed_step_offsets(
+            table_row, blk, length, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0,
+            stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N,
+        )  # fmt: skip
         packed = tl.load(kv_row + kv_offs[:, None] + offs_half[None, :], mask=n_mask[:, None], other=0)
         scales = tl.load(scale_row + s_offs[:, None] + offs_blocks[None, :], mask=n_mask[:, None], other=0)
         kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
