@@ -177,7 +177,7 @@ def test_aiter_emulation_keeps_the_contract(c: Drawn) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", "tilecpp"])
+@pytest.mark.parametrize("backend", ["triton", "tilecpp", "cutlass"])
 def test_gpu_backends_keep_the_contract(backend: str) -> None:
     @settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
     @given(c=calls(max_seq=700, max_batch=6, dims=(512, 64)))

@@ -28,7 +28,7 @@ from tilegym.testing import (
 )
 
 LSE_ATOL = 1e-3
-BACKENDS = [b for b in backend_names() if b != "cutlass"]
+BACKENDS = backend_names()
 
 
 def fresh_generator() -> tuple[torch.Generator, int]:
