@@ -684,7 +684,7 @@ def validate_mla_decoding(
     ``torch.compile`` traces; the compiled op checks them when it runs).
     """
     names = ("q", "qpe", "kv", "kpe")
-    q, qpe, kv = (_expect_tensor(n, t) for n, t in zip(names, (q, qpe, kv), strict=False))
+    q, qpe, kv = _expect_tensor("q", q), _expect_tensor("qpe", qpe), _expect_tensor("kv", kv)
     q4, qpe4, squeeze = _validate_queries(q, qpe)
     batch, q_len, heads, head_dim = q4.shape
     rope_dim = qpe4.shape[3]
