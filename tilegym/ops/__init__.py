@@ -225,7 +225,7 @@ def mla_decoding_split_kv(
         return _compiled_call({"q": q, "qpe": qpe, "kv": kv, "kpe": kpe, **arguments, "backend": backend})
     call = validate_mla_decoding(q, qpe, kv, kpe, **arguments)
     planned = PLAN_CACHE.plan(call, backend)
-    out, lse = planned.run(q, qpe, kv, kpe, kv_scale if call.is_packed else call.kv_scale, out)
+    out, lse = planned.run(q, qpe, kv, kpe, call.caller_kv_scale, out)
     return (out, lse) if call.return_lse else out
 
 

@@ -174,6 +174,12 @@ class MLADecodeCall:
         """True for the block-scaled formats named by ``kv_cache_format``."""
         return self.kv_format in PACKED_KV_FORMATS
 
+    @property
+    def caller_kv_scale(self) -> torch.Tensor | None:
+        """``kv_scale`` as a plan's ``run`` takes it with the caller's tensors: None for ``fp8_ds_mla``
+        (its scales are views of kv's bytes, taken again per call), else the validated one."""
+        return None if self.kv_format == FP8_DS_MLA else self.kv_scale
+
     def selection_features(self) -> dict[str, object]:
         """What the measured-speed selection table keys on (see ``tilegym.selection``)."""
         return {

@@ -241,9 +241,11 @@ def find_nvcc(language: str = "tile") -> Nvcc:
 
 
 def nvcc_or_none(language: str = "tile") -> Nvcc | None:
-    """``find_nvcc(language)``, or None when there is no usable nvcc."""
-    found = _search_nvcc(_language(language))
-    return None if isinstance(found, NvccNotFoundError) else found
+    """``find_nvcc(language)`` when ``language`` kernels can be compiled here (nvcc, plus the CUTLASS
+    headers for CUDA C++), else None: the loader then uses the verified cached cubins."""
+    if toolchain_problem(language) is not None:
+        return None
+    return _search_nvcc(_language(language))
 
 
 @functools.cache
@@ -780,7 +782,7 @@ class CubinKernel:
         """The cubin to load: with a complete toolchain (nvcc, plus the CUTLASS headers for CUDA C++),
         this toolchain's (built or rebuilt if missing or corrupt); without, the verified cached one
         ``cached_cubin`` picks."""
-        nvcc = nvcc_or_none(self.language.name) if toolchain_problem(self.language.name) is None else None
+        nvcc = nvcc_or_none(self.language.name)
         if nvcc is not None:
             return self.compile(arch, nvcc)
         chosen = self.cached_cubin(arch)
@@ -808,7 +810,7 @@ class CubinKernel:
         cubin = self.resolve_cubin(arch)
         image = _read_cache_file(cubin)
         problem = _image_problem(cubin, image)
-        nvcc = nvcc_or_none(self.language.name) if toolchain_problem(self.language.name) is None else None
+        nvcc = nvcc_or_none(self.language.name)
         if problem is not None and nvcc is not None:  # replaced between the check and the read
             cubin = self.compile(arch, nvcc)
             image = _read_cache_file(cubin)

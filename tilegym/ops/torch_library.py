@@ -57,7 +57,7 @@ def mla_decoding_split_kv_op(
         return_lse=return_lse,
         kv_cache_format=kv_cache_format,
     )
-    out, lse = plan_for_call(call, backend).run(q, qpe, kv, kpe, kv_scale if call.is_packed else call.kv_scale, None)
+    out, lse = plan_for_call(call, backend).run(q, qpe, kv, kpe, call.caller_kv_scale, None)
     return out, lse if lse is not None else torch.empty(NO_LSE_SHAPE, dtype=torch.float32, device=q.device)
 
 

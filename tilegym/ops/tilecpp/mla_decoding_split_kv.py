@@ -152,9 +152,7 @@ def all_kernels() -> list[TileCppKernel]:
 def choose_config(call: MLADecodeCall) -> TileConfig:
     """16-row programs up to 16 query rows or with an fp8 cache, else 32-row programs (64-token steps with
     pages under 128)."""
-    if call.query_rows <= SMALL_HEADS.block_h:
-        return SMALL_HEADS
-    if call.is_fp8:
+    if call.query_rows <= SMALL_HEADS.block_h or call.is_fp8:
         return SMALL_HEADS
     if call.is_paged and call.page_size < MANY_HEADS.block_n:
         return MANY_HEADS_PAGED
