@@ -32,9 +32,9 @@ def test_too_many_query_rows_is_refused_with_a_reason() -> None:
     assert len(reasons) == 1 and "1..128 query rows" in reasons[0] and "4 x 64 = 256" in reasons[0]
 
 
-def test_fp8_cache_is_refused_with_a_reason() -> None:
-    reasons = cutlass_mla.supports(_call(16, kv_dtype=torch.float8_e4m3fn))
-    assert reasons == ["cutlass does not implement the fp8 KV cache (bf16/fp16 only)"]
+def test_fp8_cache_at_many_heads_is_refused_with_a_reason() -> None:
+    reasons = cutlass_mla.supports(_call(64, kv_dtype=torch.float8_e4m3fn))
+    assert len(reasons) == 1 and "at most 16 query rows" in reasons[0], reasons
 
 
 def test_other_head_dims_are_refused_with_a_reason() -> None:
@@ -77,10 +77,18 @@ def test_every_variant_is_listed_for_precompile() -> None:
     import tilegym.ops.cutlass as backend
 
     names = sorted(k.instance_name for k in backend.all_kernels())
+    stages = cutlass_mla.FP8_STAGES
+    fp8 = [f"{cutlass_mla.FP8_KERNEL}<{c}, {f}, {stages}>" for c, f in (("__half", 0), ("__nv_bfloat16", 0))]
+    fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {stages}>")  # fp8_ds_mla: bf16 queries only
     assert names == sorted(
-        f"{kernel}<{ctype}>"
-        for kernel in (cutlass_mla.KERNEL, cutlass_mla.COMBINE_KERNEL)
-        for ctype in ("__half", "__nv_bfloat16")
+        [
+            *(
+                f"{kernel}<{ctype}>"
+                for kernel in (cutlass_mla.KERNEL, cutlass_mla.COMBINE_KERNEL)
+                for ctype in ("__half", "__nv_bfloat16")
+            ),
+            *fp8,
+        ]
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tilegym.backend import register_impl, register_probe
+from tilegym.ops.contract import FP8_DS_MLA
 from tilegym.ops.mla_decoding import MLA_DECODING
 
 NVIDIA = ("nvidia",)
@@ -40,7 +41,7 @@ def _mla_supports(call: Any) -> list[str]:
     return supports(call)
 
 
-@register_impl(MLA_DECODING.name, "cutlass", vendors=NVIDIA, supports=_mla_supports)
+@register_impl(MLA_DECODING.name, "cutlass", vendors=NVIDIA, supports=_mla_supports, packed_kv_formats=(FP8_DS_MLA,))
 def plan_mla_decoding_split_kv(call: Any) -> Any:
     from tilegym.ops.cutlass.mla_decoding_split_kv import plan
 

@@ -1,11 +1,17 @@
-"""Launcher of the CuTe (sm_90a, wgmma) MLA decode over a split schedule, and its plan.
+"""Launchers of the cutlass backend's MLA decode over a split schedule (sm_90a), and their plans.
 
-Stage 1 (``mla_decoding_split_kv.cuh``) launches (pieces, 64-row query groups) CTAs of 256 threads,
-one wave of persistent CTAs each walking one piece of the schedule (``tilegym.ops.schedule``); a
-segment that is a whole row writes the final output, the others float32 partials. Stage 2
-(``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and zeroes
-empty rows. Variants: the dtype only (bf16, fp16); layout (dense, paged, ragged, any page size),
-sizes, strides, lengths and the schedule are runtime arguments, so a new shape never compiles.
+Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persistent CTAs, each taking
+one piece; a segment that is a whole row writes the final output, the others float32 partials.
+Two stage-1 kernels:
+  - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma): bf16/fp16 caches, CTAs of 256 threads per
+    (piece, 64-row query group), 1-128 query rows;
+  - ``mla_decoding_split_kv_fp8.cuh`` (mma.sync): the fp8 caches (per-tensor ``fp8`` and
+    ``fp8_ds_mla``) at up to 16 query rows, where decoding is bound by the cache bytes; CTAs of
+    128 threads, several per SM.
+Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
+zeroes empty rows. Variants: the dtypes and cache format only; layout (dense, paged, ragged, any
+page size), sizes, strides, lengths and the schedule are runtime arguments, so a new shape never
+compiles.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import math
 
 import torch
 
-from tilegym.ops.contract import DENSE, RAGGED, MLADecodeCall
+from tilegym.ops.contract import DENSE, FP8_DS_MLA, RAGGED, MLADecodeCall
 from tilegym.ops.cubin_loader import CudaKernel
 from tilegym.ops.schedule import SplitSchedule, schedule_shape
 from tilegym.utils import cdiv
@@ -39,6 +45,25 @@ MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
 SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float")
 
+FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
+FP8_KERNEL = "mla_decode_fp8_split_kernel"
+FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX_QUERY_ROWS = 16  # the mma M: one CTA holds every query row
+FP8_THREADS = 128
+FP8_STAGES = 2  # KV blocks in shared memory (kStages - 1 in flight while one is read)
+FP8_PROGRAMS_PER_SM = 2
+FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
+CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
+
+
+def fp8_shared_bytes(kv_format: str, stages: int = FP8_STAGES) -> int:
+    """Dynamic shared memory of the fp8 kernel (mirrors its ``Tiles`` and trailing buffers)."""
+    rope, scales = (64, 0) if kv_format == "fp8" else (128, 16)
+    stage = TOKENS_PER_BLOCK * (HEAD_DIM + rope + scales)
+    query = 16 * (HEAD_DIM + ROPE_DIM) * 2 if kv_format == "fp8" else 16 * HEAD_DIM * 2 + 16 * ROPE_DIM * 2
+    return stages * stage + query + 16 * 160 + 4 * 16 * 4 + 16 * 4
+
 
 @functools.cache
 def split_kernel(dtype: torch.dtype) -> CudaKernel:
@@ -55,9 +80,32 @@ def combine_kernel(dtype: torch.dtype) -> CudaKernel:
     return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), (*pointers, "int", "int"))
 
 
+@functools.cache
+def fp8_split_kernel(dtype: torch.dtype, kv_format: str, stages: int = FP8_STAGES) -> CudaKernel:
+    """The fp8-cache split kernel for ``dtype`` queries and ``kv_format`` ("fp8" or "fp8_ds_mla")."""
+    ctype = C_TYPES[dtype]
+    pointers = (
+        *(f"const {ctype}*",) * 2,
+        *("const unsigned char*",) * 3,
+        *("const int*",) * 6,
+        f"{ctype}*",
+        "float*",
+        "float*",
+        "float*",
+    )
+    return CudaKernel(FP8_HEADER, FP8_KERNEL, (ctype, FP8_FORMATS[kv_format], stages), (*pointers, *FP8_SPLIT_PARAMS))
+
+
+def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
+    """Query dtypes the fp8 kernel takes with ``kv_format`` (fp8_ds_mla's rope is bf16)."""
+    return (torch.bfloat16,) if kv_format == FP8_DS_MLA else tuple(C_TYPES)
+
+
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
-    return [k for d in C_TYPES for k in (split_kernel(d), combine_kernel(d))]
+    kernels = [k for d in C_TYPES for k in (split_kernel(d), combine_kernel(d))]
+    kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
+    return kernels
 
 
 def _arch_reasons(call: MLADecodeCall) -> list[str]:
@@ -86,25 +134,56 @@ def _layout_reasons(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
-def supports(call: MLADecodeCall) -> list[str]:
-    """Why the CuTe kernels cannot run ``call`` (empty: they can)."""
-    if call.is_fp8 or call.is_packed:
-        return [f"cutlass does not implement the {call.kv_format} KV cache (bf16/fp16 only)"]
-    if call.q.dtype not in C_TYPES or call.kv.dtype != call.q.dtype:
-        return [f"cutlass supports bf16 and fp16 (the same for q and kv), got q {call.q.dtype}, kv {call.kv.dtype}"]
-    if (call.head_dim, call.rope_dim) != (HEAD_DIM, ROPE_DIM):
-        return [f"cutlass supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
-    if not MIN_QUERY_ROWS <= call.query_rows <= MAX_QUERY_ROWS:
+def _fp8_reasons(call: MLADecodeCall) -> list[str]:
+    fmt = call.kv_format
+    if call.kv.dtype != FP8_DTYPE or (fmt == "fp8" and call.kpe.dtype != FP8_DTYPE):
+        return [f"cutlass reads fp8 caches as {FP8_DTYPE} (kv and kpe), got kv {call.kv.dtype}, kpe {call.kpe.dtype}"]
+    if call.q.dtype not in fp8_query_dtypes(fmt):
+        names = ", ".join(str(d) for d in fp8_query_dtypes(fmt))
+        return [f"cutlass's {fmt} kernel takes {names} queries, got {call.q.dtype}"]
+    if call.query_rows > FP8_MAX_QUERY_ROWS:
         return [
-            f"cutlass serves {MIN_QUERY_ROWS}..{MAX_QUERY_ROWS} query rows per KV read (new tokens x heads), "
-            f"got {call.q_len} x {call.heads} = {call.query_rows}"
+            f"cutlass's {fmt} kernel serves at most {FP8_MAX_QUERY_ROWS} query rows per KV read "
+            f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
         ]
-    if call.batch > MAX_GRID_Y:
-        return [f"cutlass launches its combine with the batch on grid.y: at most {MAX_GRID_Y} rows, got {call.batch}"]
-    reasons = _arch_reasons(call) + _layout_reasons(call)
+    reasons = []
+    for name in ("kv", "kpe", "kv_scale"):
+        t = getattr(call, name)
+        if name == "kv_scale" and fmt == "fp8":
+            continue
+        if t.data_ptr() % CACHE_ALIGN or any(st * t.element_size() % CACHE_ALIGN for st in t.stride()[:-1]):
+            reasons.append(
+                f"cutlass needs {name} rows on {CACHE_ALIGN}-byte boundaries (pointer and strides), "
+                f"got strides {t.stride()} of {t.element_size()}-byte elements"
+            )
+    return reasons
+
+
+def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
+    split = (
+        fp8_split_kernel(call.q.dtype, call.kv_format) if call.kv_format in FP8_FORMATS else split_kernel(call.q.dtype)
+    )
+    return (("split", split), ("combine", combine_kernel(call.q.dtype)))
+
+
+def supports(call: MLADecodeCall) -> list[str]:
+    """Why the cutlass kernels cannot run ``call`` (empty: they can)."""
+    if call.kv_format in FP8_FORMATS:
+        reasons = _fp8_reasons(call)
+    elif call.is_packed:
+        return [f"cutlass does not implement the {call.kv_format} KV cache"]
+    else:
+        reasons = _bf16_reasons(call)
     if reasons:
         return reasons
-    for stage, kernel in (("split", split_kernel(call.q.dtype)), ("combine", combine_kernel(call.q.dtype))):
+    if (call.head_dim, call.rope_dim) != (HEAD_DIM, ROPE_DIM):
+        return [f"cutlass supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
+    if call.batch > MAX_GRID_Y:
+        return [f"cutlass launches its combine with the batch on grid.y: at most {MAX_GRID_Y} rows, got {call.batch}"]
+    reasons = _arch_reasons(call)
+    if reasons:
+        return reasons
+    for stage, kernel in _kernels_of(call):
         if not kernel.available("sm_90a"):
             reasons.append(
                 f"no cached cubin for the {call.q.dtype} {stage} kernel on sm_90a and no nvcc with the CUTLASS "
@@ -113,13 +192,31 @@ def supports(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
+def _bf16_reasons(call: MLADecodeCall) -> list[str]:
+    if call.q.dtype not in C_TYPES or call.kv.dtype != call.q.dtype:
+        return [f"cutlass supports bf16 and fp16 (the same for q and kv), got q {call.q.dtype}, kv {call.kv.dtype}"]
+    if not MIN_QUERY_ROWS <= call.query_rows <= MAX_QUERY_ROWS:
+        return [
+            f"cutlass serves {MIN_QUERY_ROWS}..{MAX_QUERY_ROWS} query rows per KV read (new tokens x heads), "
+            f"got {call.q_len} x {call.heads} = {call.query_rows}"
+        ]
+    return _layout_reasons(call)
+
+
 class CutlassDecodePlan:
-    """Schedule, workspace and pre-bound launches of both kernels for one call's shapes."""
+    """Schedule, workspace and pre-bound launches of both kernels for one call's shapes (bf16/fp16
+    caches on the wgmma kernel; ``CutlassFp8DecodePlan`` overrides the hooks for fp8 caches)."""
+
+    rows_per_cta = ROWS_PER_CTA
+    threads = THREADS
+    programs_per_sm = 1
 
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
-        groups = cdiv(call.query_rows, ROWS_PER_CTA)
-        shape = schedule_shape(call, block_n=TOKENS_PER_BLOCK, programs_per_sm=1, head_groups=groups, min_blocks=1)
+        groups = cdiv(call.query_rows, self.rows_per_cta)
+        shape = schedule_shape(
+            call, block_n=TOKENS_PER_BLOCK, programs_per_sm=self.programs_per_sm, head_groups=groups, min_blocks=1
+        )
         self.schedule = s = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
         self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=torch.float32, device=device)
@@ -148,17 +245,32 @@ class CutlassDecodePlan:
             shape.programs,
             *call.q.stride()[:3],
             *call.qpe.stride()[:3],
-            *call.kv.stride()[:2],
-            *call.kpe.stride()[:2],
+            *self._cache_strides(),
             0 if call.block_table is None else call.block_table.stride(0),
             call.sm_scale * LOG2E,
         )
         self._workspace = (self.part_out.data_ptr(), self.part_lse.data_ptr())
         self._combine_schedule = (*self._workspace, s.cum_blocks.data_ptr(), s.blocks_per_program.data_ptr())
         self._combine_sizes = (rows, int(call.return_lse))
-        split, combine = split_kernel(call.q.dtype), combine_kernel(call.q.dtype)
-        self._launch_split = split.bind(self.device_index, (shape.programs, groups, 1), (THREADS, 1, 1), SHARED_BYTES)
+        grid = (shape.programs, groups, 1)
+        self._launch_split = self._split_kernel().bind(
+            self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
+        )
+        combine = combine_kernel(call.q.dtype)
         self._launch_combine = combine.bind(self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1))
+
+    def _split_kernel(self) -> CudaKernel:
+        return split_kernel(self.call.q.dtype)
+
+    def _shared_bytes(self) -> int:
+        return SHARED_BYTES
+
+    def _cache_strides(self) -> tuple[int, ...]:
+        """The cache strides the split kernel takes (elements of kv and kpe, batch/page then token)."""
+        return (*self.call.kv.stride()[:2], *self.call.kpe.stride()[:2])
+
+    def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        return (kv.data_ptr(), kpe.data_ptr())
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -179,8 +291,7 @@ class CutlassDecodePlan:
         split_args = (
             q.data_ptr(),
             qpe.data_ptr(),
-            kv.data_ptr(),
-            kpe.data_ptr(),
+            *self._cache_pointers(kv, kpe, kv_scale),
             *self._split_schedule,
             out_ptr,
             lse_ptr,
@@ -191,6 +302,44 @@ class CutlassDecodePlan:
         self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
 
 
+class CutlassFp8DecodePlan(CutlassDecodePlan):
+    """The plan of the fp8-cache kernel: one 16-row CTA per piece, several CTAs per SM, byte strides."""
+
+    rows_per_cta = FP8_MAX_QUERY_ROWS
+    threads = FP8_THREADS
+
+    def __init__(
+        self, call: MLADecodeCall, stages: int = FP8_STAGES, programs_per_sm: int = FP8_PROGRAMS_PER_SM
+    ) -> None:
+        self.stages, self.programs_per_sm = stages, programs_per_sm  # other values: benchmarks/sweep_cutlass_fp8.py
+        super().__init__(call)
+
+    def _split_kernel(self) -> CudaKernel:
+        return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.stages)
+
+    def _shared_bytes(self) -> int:
+        return fp8_shared_bytes(self.call.kv_format, self.stages)
+
+    def _cache_strides(self) -> tuple[int, ...]:
+        call = self.call
+        scales = call.kv_scale if call.kv_format == FP8_DS_MLA else None
+        strides = [t.stride()[:2] for t in (call.kv, call.kpe)]
+        strides.append((0, 0) if scales is None else scales.stride()[:2])
+        sizes = (call.kv.element_size(), call.kpe.element_size(), 4)
+        return tuple(st * size for pair, size in zip(strides, sizes, strict=True) for st in pair)
+
+    def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        pointers = (kv.data_ptr(), kpe.data_ptr(), kv_scale.data_ptr())
+        if any(p % CACHE_ALIGN for p in pointers):
+            raise ValueError(
+                f"cutlass's {self.call.kv_format} kernel needs kv, kpe and the scales on {CACHE_ALIGN}-byte "
+                f"boundaries, got addresses {[hex(p) for p in pointers]}"
+            )
+        return pointers
+
+
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:
     """The cutlass backend's plan for ``call``."""
+    if call.kv_format in FP8_FORMATS:
+        return CutlassFp8DecodePlan(call)
     return CutlassDecodePlan(call)

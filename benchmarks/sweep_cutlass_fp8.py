@@ -1,0 +1,104 @@
+"""Sweep the cutlass fp8 kernel's pipeline depth and CTAs per SM on the GPU (a development tool).
+
+    python benchmarks/sweep_cutlass_fp8.py [--shapes 64x4096x16,128x8192x16] [--formats fp8,fp8_ds_mla]
+    python benchmarks/sweep_cutlass_fp8.py --precompile   # on the CPU machine: build every variant
+
+For each shape and format it plans the call once per (stages, programs per SM) that fits in shared
+memory, checks the output against float64 (rel. L2), times CUDA-graph replays over rotating input
+sets and prints one table per shape, fastest first, with the same-run copy bandwidth counting the
+format's bytes. The chosen default goes into ``FP8_STAGES`` / ``FP8_PROGRAMS_PER_SM``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from tilegym.bench import measure_ceilings
+from tilegym.ops.contract import validate_mla_decoding
+from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+from tilegym.ops.mla_decoding import Shape, kv_bytes_per_token, traffic_bytes
+from tilegym.testing import make_mla_inputs, mla_decode_float64, pack_cache, relative_error
+from tilegym.timing import time_calls
+
+ROTATING_SETS = 4
+SHARED_PER_SM = 227 * 1024  # H100/H200: usable shared memory per SM (and per CTA)
+CONFIGS = [(2, 2), (2, 1), (3, 1), (4, 1), (5, 1)]  # (stages, CTAs per SM)
+
+
+def fits(fmt: str, stages: int, programs_per_sm: int) -> bool:
+    return programs_per_sm * (cutlass_mla.fp8_shared_bytes(fmt, stages) + 1024) <= SHARED_PER_SM
+
+
+def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
+    g = torch.Generator().manual_seed(seed)
+    kv_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
+    x = make_mla_inputs(shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, device="cuda", generator=g)
+    if fmt == "fp8":
+        return {"q": x.q, "qpe": x.qpe, "kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}, x, None
+    cache = pack_cache(x, fmt)
+    return {"q": x.q, "qpe": x.qpe, **cache.op_kwargs()}, x, cache
+
+
+def expected(x, cache) -> torch.Tensor:
+    if cache is None:
+        return mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)[0]
+    return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope)[0]
+
+
+def sweep(shape: Shape, fmt: str, copy_gbps: float) -> None:
+    sets = [inputs(shape, fmt, seed) for seed in range(ROTATING_SETS)]
+    calls = [validate_mla_decoding(**s[0]) for s in sets]
+    reference = expected(*sets[0][1:])
+    nbytes = traffic_bytes(shape, shape.batch * shape.seq_len, kv_bytes_per_token(fmt))
+    rows = []
+    for stages, per_sm in CONFIGS:
+        if not fits(fmt, stages, per_sm):
+            continue
+        plan = cutlass_mla.CutlassFp8DecodePlan(calls[0], stages, per_sm)
+        runs = []
+        for call in calls:
+            out = torch.empty_like(call.out)
+            runs.append(lambda c=call, o=out: plan.run(c.q, c.qpe, c.kv, c.kpe, c.kv_scale, o, None) or o)
+        err = relative_error(runs[0]().clone(), reference)
+        us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
+        rows.append((us, stages, per_sm, err))
+    print(
+        f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_STAGES} stages, "
+        f"{cutlass_mla.FP8_PROGRAMS_PER_SM} CTAs/SM)"
+    )
+    print("| us | % copy BW | stages | CTAs/SM | rel. L2 vs float64 |")
+    print("|---|---|---|---|---|")
+    for us, stages, per_sm, err in sorted(rows):
+        pct = 100 * nbytes / (us * 1e3) / copy_gbps
+        print(f"| {us:.1f} | {pct:.0f} | {stages} | {per_sm} | {err:.1e} |")
+
+
+def precompile() -> None:
+    for fmt in cutlass_mla.FP8_FORMATS:
+        for stages, per_sm in CONFIGS:
+            if fits(fmt, stages, per_sm):
+                for dtype in cutlass_mla.fp8_query_dtypes(fmt)[:1]:
+                    print(cutlass_mla.fp8_split_kernel(dtype, fmt, stages).compile("sm_90a"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="64x4096x16,128x8192x16")
+    parser.add_argument("--formats", default="fp8,fp8_ds_mla")
+    parser.add_argument("--precompile", action="store_true")
+    args = parser.parse_args()
+    if args.precompile:
+        precompile()
+        return
+    ceilings = measure_ceilings(torch.device("cuda"))
+    print(f"copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s")
+    for text in args.shapes.split(","):
+        b, s, h = map(int, text.split("x"))
+        for fmt in args.formats.split(","):
+            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The cutlass backend's fp8 kernel (``mla_decoding_split_kv_fp8.cuh``, mma.sync): the per-tensor
+``fp8`` cache and DeepSeek's 656-byte ``fp8_ds_mla`` tokens at up to 16 query rows.
+
+CPU: what ``supports()`` says about what the kernel does not take. GPU (H100/H200): parity with
+float64 on fresh random inputs (the seed is in the message): 16 and 8 heads, 1 and 2 new tokens
+(causal, and not), dense, paged (64-token and 1-token pages) and ragged caches, mixed lengths with
+empty and one-token rows, forced splits through the combine, bf16 and fp16 queries, pages that
+hold NaN bytes wherever a row must not read, and a ``kv_scale`` changed on the device between
+graph replays. The oracle gets the dequantised cache, so only the kernel's own rounding counts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
+from tilegym.ops.accuracy import lse_tolerance, output_tolerance
+from tilegym.ops.contract import validate_mla_decoding
+from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+from tilegym.testing import (
+    make_mla_inputs,
+    mla_decode_float64,
+    pack_cache,
+    page_packed_cache,
+    relative_error,
+    to_pages,
+)
+
+FP8 = torch.float8_e4m3fn
+BACKEND = "cutlass"
+OP = "mla_decoding_split_kv"
+
+
+def fresh_generator() -> tuple[torch.Generator, int]:
+    seed = int.from_bytes(os.urandom(4), "little")
+    return torch.Generator().manual_seed(seed), seed
+
+
+# ----------------------------------------------------------------------------- CPU: reasons, not crashes
+
+
+def fp8_call(heads: int, q_len: int = 1, *, kv_dtype=FP8, dtype=torch.bfloat16):
+    x = make_mla_inputs(2, heads, 64, dtype=dtype, kv_dtype=kv_dtype, q_len=q_len)
+    return validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
+
+
+def test_more_than_16_query_rows_are_refused_with_a_reason() -> None:
+    reasons = cutlass_mla.supports(fp8_call(16, q_len=2))
+    assert len(reasons) == 1 and "at most 16 query rows" in reasons[0] and "2 x 16 = 32" in reasons[0], reasons
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fnuz"), reason="this torch has no float8_e4m3fnuz")
+def test_the_amd_fp8_encoding_is_refused_with_its_name() -> None:
+    reasons = cutlass_mla.supports(fp8_call(16, kv_dtype=torch.float8_e4m3fnuz))
+    assert len(reasons) == 1 and "float8_e4m3fn " in reasons[0] and "e4m3fnuz" in reasons[0], reasons
+
+
+def test_an_fp8_call_on_the_cpu_is_refused_for_the_arch_only() -> None:
+    assert cutlass_mla.supports(fp8_call(8, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+
+
+def test_fp8_ds_mla_is_a_format_the_backend_declares() -> None:
+    x = make_mla_inputs(2, 16, 64)
+    call = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
+    assert cutlass_mla.supports(call) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+    mxfp4 = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "mxfp4").op_kwargs())
+    assert cutlass_mla.supports(mxfp4) == ["cutlass does not implement the mxfp4 KV cache"]
+
+
+def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
+    """2 stages of (64 tokens x 576 B) + the f16 query [16, 576] + P + row state: 95040 B (fp8);
+    fp8_ds_mla: stages of 64 x 656 B, f16 latent query + bf16 rope query."""
+    assert cutlass_mla.fp8_shared_bytes("fp8", 2) == 2 * 64 * 576 + 16 * 576 * 2 + 16 * 160 + 256 + 64
+    assert cutlass_mla.fp8_shared_bytes("fp8_ds_mla", 2) == 2 * 64 * 656 + 16 * 576 * 2 + 16 * 160 + 256 + 64
+
+
+# ----------------------------------------------------------------------------------------- GPU parity
+
+
+def require_cutlass() -> None:
+    from tilegym.ops.cutlass import probe
+
+    reasons = probe()
+    if reasons:
+        pytest.skip(f"cutlass cannot run here: {reasons}")
+
+
+def check(out, lse, expected, tolerances, seed) -> None:
+    ref_out, ref_lse = expected
+    rel_tol, lse_tol = tolerances
+    assert bool(torch.isfinite(out).all()), f"non-finite output (a read past a row?), seed {seed}"
+    err = relative_error(out, ref_out)
+    assert err <= rel_tol, f"rel. L2 error {err:.2e} > {rel_tol:.0e}, seed {seed}"
+    lse = lse.detach().cpu().double()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), f"empty rows: lse -inf, seed {seed}"
+    finite = torch.isfinite(ref_lse)
+    worst = (lse[finite] - ref_lse[finite]).abs().max().item()
+    assert worst <= lse_tol, f"lse error {worst:.2e} > {lse_tol:.1e}, seed {seed}"
+
+
+# (format, layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
+GPU_CASES = [
+    ("fp8", "dense", 0, 12, 16, 1, 3000, torch.bfloat16, True, None),
+    ("fp8", "dense", 0, 6, 8, 2, 1000, torch.float16, True, None),
+    ("fp8", "dense", 0, 5, 8, 2, 700, torch.bfloat16, False, 256),
+    ("fp8", "paged", 64, 12, 16, 1, 4096, torch.bfloat16, True, None),
+    ("fp8", "paged", 1, 6, 16, 1, 900, torch.float16, True, None),
+    ("fp8", "ragged", 32, 8, 4, 3, 1200, torch.bfloat16, True, 320),
+    ("fp8_ds_mla", "dense", 0, 12, 16, 1, 3000, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "dense", 0, 6, 8, 2, 1000, torch.bfloat16, False, 192),
+    ("fp8_ds_mla", "paged", 64, 12, 16, 1, 4096, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "paged", 1, 6, 16, 1, 900, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "ragged", 16, 8, 5, 3, 1200, torch.bfloat16, True, 448),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
+    GPU_CASES,
+    ids=str,
+)
+def test_fp8_caches_match_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split) -> None:
+    require_cutlass()
+    generator, seed = fresh_generator()
+    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
+    lens[:3] = [0, 1, seq_len]  # an empty row, a one-token row, a full row; the rest mixed
+    kv_dtype = FP8 if fmt == "fp8" else None
+    x = make_mla_inputs(
+        batch, heads, seq_len, dtype=dtype, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda",
+        generator=generator,
+    )  # fmt: skip
+    if fmt == "fp8":
+        latent, rope = x.kv, x.kpe
+        cache_kwargs = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}
+    else:
+        cache = pack_cache(x, fmt)
+        latent, rope = cache.latent, cache.rope
+        cache_kwargs = cache.op_kwargs()
+    kwargs = {"kv_lens": x.kv_lens, **cache_kwargs}
+    if layout != "dense":
+        pages = to_pages(x, page_size, generator=generator)
+        if fmt == "fp8":
+            kwargs = {**pages.layout_kwargs(layout), "kv": pages.kv, "kpe": pages.kpe, "kv_scale": x.kv_scale}
+        else:
+            kwargs = {**pages.layout_kwargs(layout), **page_packed_cache(cache, pages).op_kwargs()}
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
+    )
+    torch.cuda.synchronize()
+    scale = x.kv_scale if fmt == "fp8" else None
+    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale, causal=causal)
+    tolerances = (output_tolerance(OP, BACKEND, dtype, fmt), lse_tolerance(OP, BACKEND, fmt))
+    check(out, lse, expected, tolerances, seed)
+    empty = (x.kv_lens <= 0).cpu()
+    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+
+
+@pytest.mark.gpu
+def test_graph_replay_reads_kv_scale_from_the_device() -> None:
+    """Capture a planned call, change kv_scale in place, replay: the output follows the new scale."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(8, 16, 2048, dtype=torch.bfloat16, kv_dtype=FP8, device="cuda", generator=generator)
+    x.kv_lens = torch.randint(1, 2049, (8,), generator=generator, dtype=torch.int32).cuda()
+    out = torch.full_like(x.q, float("nan"))
+    plan = plan_mla_decoding(
+        x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, return_lse=True, backend=BACKEND
+    )
+    mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale, out=out, plan=plan)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale, out=out, plan=plan)
+    tolerances = (output_tolerance(OP, BACKEND, torch.bfloat16, "fp8"), lse_tolerance(OP, BACKEND, "fp8"))
+    for factor in (1.0, 0.25, 3.0):
+        scale = x.kv_scale.clone() * factor
+        x.kv_scale.copy_(scale)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=scale)
+        check(out, lse, expected, tolerances, f"{seed} (scale x{factor})")

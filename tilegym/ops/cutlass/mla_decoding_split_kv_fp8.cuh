@@ -1,0 +1,530 @@
+// MLA decoding over a split schedule from an fp8 KV cache, plain CUDA C++ (mma.sync) for sm_90a,
+// for up to 16 query rows per KV read: the memory-bound case (16 heads x 1 new token, or fewer
+// heads x several new tokens), where the 64-row wgmma of mla_decoding_split_kv.cuh would waste
+// three quarters of its work and the cache bytes decide the time.
+//
+// Formats (kFormat): kPerTensor = float8_e4m3fn latent and rope, one float32 scale for the whole
+// cache; kDsMla = DeepSeek's 656-byte token: e4m3 latent, 4 float32 scales (one per 128 latent
+// columns), bf16 rope (bf16 queries only).
+//
+// One CTA of 128 threads (4 warps) = one piece of the schedule (tilegym/ops/schedule.py), several
+// CTAs per SM. It walks the batch rows its piece meets and, for each, the row's 64-token KV blocks
+// [lo, hi) inside the piece (same segments, work slots and causal rule as the wgmma kernel):
+//   loads   cp.async, kStages - 1 blocks ahead, per block:
+//             latent fp8 [64, 512] 32 KB; rope [64, 64] fp8 4 KB (bf16 8 KB); scales [64, 4] 1 KB
+//   warp w  S[16 rows, tokens 16w .. 16w + 15] = Q . K^T: mma m16n8k16, 2 n-tiles x 36 k-steps.
+//           K's bytes are widened exactly to f16 in registers (cvt e4m3x2 -> f16x2). The query was
+//           rescaled per row by a power of two into f16 (exact), its columns permuted so that one
+//           16-byte K load per lane feeds four k-steps. kDsMla: one f32 accumulator per 128-column
+//           group (scaled per token afterwards) and a bf16 mma for the rope.
+//   CTA     row max across the warps (shared memory); P = exp2(S - m) in f16 -> shared [16, 64].
+//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma m16n8k16, 4 k-steps x 16 n-tiles.
+//           Two tokens' bytes are interleaved (prmt) and widened, so each register holds one column
+//           of two tokens (kDsMla: times their f16 scales of group w); the n-tiles are permuted:
+//           n-tile j, column n of the mma <-> latent column 128w + 16n + j.
+//   O lives in registers (64 floats per thread), the running max and partial row sums too.
+// Shared-memory tiles are XOR-swizzled by 16-byte chunk so that the K loads (two tokens x 64 B per
+// 8 lanes), the V loads (four tokens x 32 B) and ldmatrix of the query hit distinct banks.
+//
+// Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
+//   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per token when
+//          paged, and R * 16 * 576 * 2 B of queries (twice: row max, then values; L1/L2 hits);
+//   writes per row met 16 * 512 * 4 B of float32 partial + 64 B of lse (a whole row: the output in
+//          the query dtype, 16 * 512 * 2 B, + lse when asked).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace tilegym_fp8 {
+
+inline constexpr int kD = 512;        // latent columns (K's first D, all of V)
+inline constexpr int kP = 64;         // rope columns
+inline constexpr int kRows = 16;      // query rows per CTA (the mma M)
+inline constexpr int kTokens = 64;    // KV tokens per block
+inline constexpr int kThreads = 128;  // 4 warps
+inline constexpr int kPerTensor = 0, kDsMla = 1;
+inline constexpr int kPRowBytes = 160;  // P row: 64 f16 + 32 B of padding (conflict-free 8-byte reads)
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kFormat>
+struct Tiles {
+  static constexpr int kRopeBytes = kFormat == kPerTensor ? kP : 2 * kP;  // per token
+  static constexpr int kRopeChunks = kRopeBytes / 16;
+  static constexpr int kScaleBytes = kFormat == kPerTensor ? 0 : 16;  // per token
+  static constexpr int kLat = 0;
+  static constexpr int kRope = kTokens * kD;
+  static constexpr int kScale = kRope + kTokens * kRopeBytes;
+  static constexpr int kStage = kScale + kTokens * kScaleBytes;
+  // The query in f16 (scaled): the latent, and with kPerTensor the rope too (one dot of 576).
+  static constexpr int kQCols = kFormat == kPerTensor ? kD + kP : kD;
+  static constexpr int kQBytes = kRows * kQCols * 2;
+  static constexpr int kQpeBytes = kFormat == kPerTensor ? 0 : kRows * kP * 2;  // bf16 rope query
+};
+
+// Byte offset of 16-byte chunk c of token row t in a latent tile: XOR swizzle of the chunk's low 3 bits.
+__device__ __forceinline__ int lat_offset(int t, int c) {
+  const int h = ((t >> 1) & 6) ^ ((t & 1) << 2);
+  return t * kD + ((c ^ h) << 4);
+}
+template <int kFormat>
+__device__ __forceinline__ int rope_offset(int t, int c) {
+  if constexpr (kFormat == kPerTensor) {
+    return t * kP + (c << 4);  // two tokens fill one 128-byte line: no conflict
+  } else {
+    return t * 2 * kP + ((c ^ ((t & 1) << 2)) << 4);
+  }
+}
+// Query tiles [16 rows, cols] of 2-byte elements, ldmatrix-friendly swizzle.
+__device__ __forceinline__ int q_offset(int row, int col, int row_bytes) {
+  return row * row_bytes + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
+}
+// Which query column feeds mma column kk of k-step ks (see the header): latent (and fp8 rope as a
+// ninth 64-column block) for one 16-byte fp8 load per lane; bf16 rope for one 16-byte bf16 load.
+__device__ __forceinline__ int fp8_k_source(int col) {
+  const int ks = col >> 4, kk = col & 15;
+  return 64 * (ks >> 2) + 16 * ((kk & 7) >> 1) + 4 * (ks & 3) + 2 * (kk >> 3) + (kk & 1);
+}
+__device__ __forceinline__ int bf16_k_source(int col) {
+  const int ks = col >> 4, kk = col & 15;
+  return 32 * (ks >> 1) + 8 * ((kk & 7) >> 1) + 4 * (ks & 1) + 2 * (kk >> 3) + (kk & 1);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_async_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* smem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t two_bytes) {
+  uint32_t out;
+  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(two_bytes));
+  return out;
+}
+__device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
+  return __byte_perm(x, y, selector);
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
+  __half2 v = *reinterpret_cast<__half2*>(&x);
+  v = __hmul2(v, __floats2half2_rn(lo, hi));
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
+
+// Where a token's bytes live (byte offsets from kv, kpe, scales), or that it is past the row.
+struct TokenRows {
+  const int* table_row;
+  long long b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1;
+  int len, paged, page_size, num_pages;
+  __device__ __forceinline__ bool locate(int pos, long long& lat, long long& rope, long long& scale) const {
+    if (pos >= len) return false;
+    long long outer = b, inner = pos;
+    if (paged) {
+      int page = table_row[pos / page_size];
+      outer = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+      inner = pos % page_size;
+    }
+    lat = outer * kv_s0 + inner * kv_s1;
+    rope = outer * kpe_s0 + inner * kpe_s1;
+    scale = outer * sc_s0 + inner * sc_s1;
+    return true;
+  }
+};
+
+// cp.async of block blk into one stage. Latent: thread t takes tokens t / 8 + 16 i and chunks
+// t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
+template <int kFormat>
+__device__ __forceinline__ void load_block(unsigned char* stage, const TokenRows& rows, int blk,
+                                           const unsigned char* kv, const unsigned char* kpe,
+                                           const unsigned char* scales) {
+  using L = Tiles<kFormat>;
+  const int tid = threadIdx.x;
+  const int base = blk * kTokens;
+  long long lat, rope, scale;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = (tid >> 3) + 16 * i;
+    const bool ok = rows.locate(base + t, lat, rope, scale);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = (tid & 7) + 8 * j;
+      cp_async16(stage + L::kLat + lat_offset(t, c), ok ? kv + lat + 16 * c : kv, ok);
+    }
+  }
+#pragma unroll
+  for (int i = tid; i < kTokens * L::kRopeChunks; i += kThreads) {
+    const int t = i / L::kRopeChunks, c = i % L::kRopeChunks;
+    const bool ok = rows.locate(base + t, lat, rope, scale);
+    cp_async16(stage + L::kRope + rope_offset<kFormat>(t, c), ok ? kpe + rope + 16 * c : kpe, ok);
+  }
+  if constexpr (kFormat == kDsMla) {
+    if (tid < kTokens) {
+      const bool ok = rows.locate(base + tid, lat, rope, scale);
+      cp_async16(stage + L::kScale + 16 * tid, ok ? scales + scale : scales, ok);
+    }
+  }
+}
+
+}  // namespace tilegym_fp8
+
+template <typename T, int kFormat, int kStages>
+__global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
+    const T* __restrict__ q, const T* __restrict__ qpe, const unsigned char* __restrict__ kv,
+    const unsigned char* __restrict__ kpe, const unsigned char* __restrict__ scales,
+    const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
+    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
+    T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
+    int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
+    int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
+    long long qpe_sq, long long qpe_sh, long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1,
+    long long sc_s0, long long sc_s1, long long table_sb, float qk_scale_log2) {
+  using namespace tilegym_fp8;
+  using L = Tiles<kFormat>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* q16 = smem + kStages * L::kStage;  // [16, kQCols] f16, scaled and permuted
+  unsigned char* qpe16 = q16 + L::kQBytes;           // [16, 64] bf16 (kDsMla), permuted
+  unsigned char* p_tile = qpe16 + L::kQpeBytes;      // [16, 64] f16 probabilities, rows of kPRowBytes
+  float* red = reinterpret_cast<float*>(p_tile + kRows * kPRowBytes);  // [4 warps, 16 rows]
+  float* q_unscale = red + 4 * kRows;                                   // [16]: 2^-shift per row
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
+  const int piece = blockIdx.x;
+  const int per = blocks_per_program[0];
+  const int start = piece * per;
+  const int first_row = piece_rows[piece];
+  const int last_row = piece_rows[num_pieces + piece];
+  // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
+  const float kv_scale = kFormat == kPerTensor ? *reinterpret_cast<const float*>(scales) : 1.f;
+
+  for (int b = first_row; b <= last_row; ++b) {
+    const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
+    const int lo = start > row_begin ? start : row_begin;
+    const int hi = start + per < row_end ? start + per : row_end;
+    if (lo >= hi) continue;
+    const bool whole = lo == row_begin && hi == row_end;
+    const long long slot = piece + b;
+    TokenRows rows{table, b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1, lens[b], paged, page_size, num_pages};
+    if (paged) {
+      if (ragged) {
+        int s = indptr[b];
+        s = s < 0 ? 0 : (s > num_indices ? num_indices : s);
+        rows.table_row = table + s;
+      } else {
+        rows.table_row = table + b * table_sb;
+      }
+    }
+    const int first_blk = lo - row_begin, end_blk = hi - row_begin;
+
+    __syncthreads();  // the previous segment is done with every buffer
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (first_blk + s < end_blk) {
+        load_block<kFormat>(smem + s * L::kStage, rows, first_blk + s, kv, kpe, scales);
+      }
+      commit_async_copies();
+    }
+
+    // Stage the query: thread t scales row t / 8 by a power of two that puts its largest magnitude
+    // in [2^13, 2^14) (exact in f16; the rope joins the latent's dot with kPerTensor).
+    {
+      const int row = tid >> 3, sub = tid & 7;
+      const bool live = row < query_rows;
+      const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
+      const T* q_row = q + b * q_sb + token * q_sq + head * q_sh;
+      const T* qpe_row = qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh;
+      float amax = 0.f;
+      if (live) {
+        for (int c = sub; c < L::kQCols; c += 8) {
+          amax = fmaxf(amax, fabsf(to_float(c < kD ? q_row[c] : qpe_row[c - kD])));
+        }
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+      int exponent = 0;
+      if (amax > 0.f && amax <= 3.0e38f) frexpf(amax, &exponent);
+      int shift = amax > 0.f && amax <= 3.0e38f ? 14 - exponent : 0;
+      shift = shift > 100 ? 100 : (shift < -100 ? -100 : shift);
+      const float up = ldexpf(1.f, shift);
+      if (sub == 0) q_unscale[row] = ldexpf(1.f, -shift);
+      for (int c = sub; c < L::kQCols; c += 8) {
+        const int src = fp8_k_source(c);
+        const float x = live ? to_float(src < kD ? q_row[src] : qpe_row[src - kD]) : 0.f;
+        *reinterpret_cast<__half*>(q16 + q_offset(row, c, L::kQCols * 2)) = __float2half_rn(x * up);
+      }
+      if constexpr (kFormat == kDsMla) {
+        for (int c = sub; c < kP; c += 8) {
+          const T x = live ? qpe_row[bf16_k_source(c)] : T(0.f);
+          *reinterpret_cast<T*>(qpe16 + q_offset(row, c, kP * 2)) = x;
+        }
+      }
+    }
+
+    float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows g, g + 8
+    float l[2] = {0.f, 0.f};              // this lane's share of their sums
+    int limit[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      limit[h] = causal ? rows.len - q_len + 1 + r / heads : rows.len;
+    }
+    float acc[16][4];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    // ldmatrix addresses of this lane for k-step 0 (matrix lane / 8: rows +8 for odd, columns +8 for >= 2).
+    const int lm_row = (lane & 7) + 8 * ((lane >> 3) & 1), lm_col = 8 * (lane >> 4);
+
+    for (int blk = first_blk; blk < end_blk; ++blk) {
+      const int i = blk - first_blk;
+      const unsigned char* stage = smem + (i % kStages) * L::kStage;
+      wait_async_copies<kStages - 2>();
+      __syncthreads();  // block i has landed for every thread; block i - 1 is done everywhere
+      if (blk + kStages - 1 < end_blk) {
+        load_block<kFormat>(smem + ((i + kStages - 1) % kStages) * L::kStage, rows, blk + kStages - 1, kv, kpe,
+                            scales);
+      }
+      commit_async_copies();
+
+      // S = Q . K^T over this warp's 16 tokens.
+      float s[2][4] = {};
+      float sg[kFormat == kDsMla ? 4 : 1][2][4] = {};  // kDsMla: one accumulator per 128-column group
+#pragma unroll
+      for (int j = 0; j < L::kQCols / 64; ++j) {
+        uint4 kw[2];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int t = 16 * warp + 8 * nt + g;
+          const unsigned char* src = j < 8 ? stage + L::kLat + lat_offset(t, 4 * j + quad)
+                                           : stage + L::kRope + rope_offset<kFormat>(t, quad);
+          kw[nt] = *reinterpret_cast<const uint4*>(src);
+        }
+#pragma unroll
+        for (int t4 = 0; t4 < 4; ++t4) {
+          uint32_t a[4];
+          ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * (4 * j + t4) + lm_col, L::kQCols * 2));
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t word = (&kw[nt].x)[t4];
+            float(&c)[4] = kFormat == kDsMla ? sg[j >> 1][nt] : s[nt];
+            mma_f16(c, a, fp8x2_to_half2(word), fp8x2_to_half2(word >> 16));
+          }
+        }
+      }
+      if constexpr (kFormat == kDsMla) {
+        float rope_acc[2][4] = {};
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          uint4 kw[2];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const int t = 16 * warp + 8 * nt + g;
+            kw[nt] = *reinterpret_cast<const uint4*>(stage + L::kRope + rope_offset<kFormat>(t, 4 * u + quad));
+          }
+#pragma unroll
+          for (int t2 = 0; t2 < 2; ++t2) {
+            uint32_t a[4];
+            ldmatrix_x4(a, qpe16 + q_offset(lm_row, 16 * (2 * u + t2) + lm_col, kP * 2));
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              mma_bf16(rope_acc[nt], a, (&kw[nt].x)[2 * t2], (&kw[nt].x)[2 * t2 + 1]);
+            }
+          }
+        }
+        // s = sum over groups of scale[token][group] * partial / 2^shift, + rope.
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int t = 16 * warp + 8 * nt + 2 * quad + e;
+            const float4 sc = *reinterpret_cast<const float4*>(stage + L::kScale + 16 * t);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int k = 2 * h + e;
+              const float lat = sc.x * sg[0][nt][k] + sc.y * sg[1][nt][k] + sc.z * sg[2][nt][k] + sc.w * sg[3][nt][k];
+              s[nt][k] = (lat * q_unscale[g + 8 * h] + rope_acc[nt][k]) * qk_scale_log2;
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) s[nt][k] *= qk_scale_log2 * kv_scale * q_unscale[g + 8 * (k >> 1)];
+        }
+      }
+
+      // Mask, and this warp's row maxima -> shared memory.
+      float bmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int h = k >> 1;
+          const int pos = blk * kTokens + 16 * warp + 8 * nt + 2 * quad + (k & 1);
+          s[nt][k] = pos < limit[h] ? s[nt][k] : -INFINITY;
+          bmax[h] = fmaxf(bmax[h], s[nt][k]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 1));
+        bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 2));
+        if (quad == 0) red[warp * kRows + g + 8 * h] = bmax[h];
+      }
+      __syncthreads();
+      float m_safe[2], alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        const float block_max = fmaxf(fmaxf(red[row], red[kRows + row]), fmaxf(red[2 * kRows + row], red[3 * kRows + row]));
+        const float m_new = fmaxf(m[h], block_max);
+        m_safe[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no token yet: no inf - inf
+        alpha[h] = exp2f(m[h] - m_safe[h]);
+        m[h] = m_new;
+        l[h] *= alpha[h];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = exp2f(s[nt][2 * h] - m_safe[h]);
+          const float p1 = exp2f(s[nt][2 * h + 1] - m_safe[h]);
+          l[h] += p0 + p1;
+          *reinterpret_cast<__half2*>(p_tile + (g + 8 * h) * kPRowBytes + 2 * (16 * warp + 8 * nt + 2 * quad)) =
+              __floats2half2_rn(p0, p1);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        acc[j][0] *= alpha[0];
+        acc[j][1] *= alpha[0];
+        acc[j][2] *= alpha[1];
+        acc[j][3] *= alpha[1];
+      }
+      __syncthreads();
+
+      // O[:, 128 warp ..] += P . V.
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const unsigned char* p_lo = p_tile + g * kPRowBytes + 2 * (16 * ks + 4 * quad);
+        const uint2 top = *reinterpret_cast<const uint2*>(p_lo);
+        const uint2 bottom = *reinterpret_cast<const uint2*>(p_lo + 8 * kPRowBytes);
+        const uint32_t a[4] = {top.x, bottom.x, top.y, bottom.y};
+        uint4 vw[4];
+        float vs[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int t = 16 * ks + 4 * quad + r;
+          vw[r] = *reinterpret_cast<const uint4*>(stage + L::kLat + lat_offset(t, 8 * warp + g));
+          if constexpr (kFormat == kDsMla) vs[r] = reinterpret_cast<const float*>(stage + L::kScale + 16 * t)[warp];
+        }
+#pragma unroll
+        for (int w4 = 0; w4 < 4; ++w4) {
+          const uint32_t x0 = (&vw[0].x)[w4], x1 = (&vw[1].x)[w4], x2 = (&vw[2].x)[w4], x3 = (&vw[3].x)[w4];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            // Bytes (col c, token 4q), (c, 4q + 1), (c + 1, 4q), (c + 1, 4q + 1) for columns 4 w4 + 2 half + {0, 1}.
+            const uint32_t sel = half ? 0x7362u : 0x5140u;
+            const uint32_t t01 = byte_perm(x0, x1, sel), t23 = byte_perm(x2, x3, sel);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              uint32_t b0 = fp8x2_to_half2(t01 >> (16 * e)), b1 = fp8x2_to_half2(t23 >> (16 * e));
+              if constexpr (kFormat == kDsMla) {
+                b0 = mul_half2(b0, vs[0], vs[1]);
+                b1 = mul_half2(b1, vs[2], vs[3]);
+              }
+              mma_f16(acc[4 * w4 + 2 * half + e], a, b0, b1);
+            }
+          }
+        }
+      }
+    }
+
+    // Row sums: lane share -> quad -> the four warps'.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
+      if (quad == 0) red[warp * kRows + g + 8 * h] = l[h];
+    }
+    __syncthreads();
+    float inv[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = g + 8 * h;
+      const float total = red[row] + red[kRows + row] + red[2 * kRows + row] + red[3 * kRows + row];
+      const bool empty = total == 0.f;  // no token seen: zeros, lse -inf; NaN data gives NaN
+      inv[h] = empty ? 0.f : (kFormat == kPerTensor ? kv_scale : 1.f) / total;
+      lse[h] = empty ? -INFINITY : (m[h] + log2f(total)) * kLn2;
+    }
+    // acc[j][2 h + e] is row g + 8 h, column 128 warp + 16 (2 quad + e) + j: 16 consecutive columns.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      if (r >= query_rows) continue;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 128 * warp + 16 * (2 * quad + e);
+        if (whole) {
+          T* dst = out + ((long long)b * query_rows + r) * kD + col;
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            uint4 packed;
+            uint32_t* words = &packed.x;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const int j = 8 * v + 2 * w;
+              auto pair = pack2(dst, acc[j][2 * h + e] * inv[h], acc[j + 1][2 * h + e] * inv[h]);
+              words[w] = *reinterpret_cast<uint32_t*>(&pair);
+            }
+            reinterpret_cast<uint4*>(dst)[v] = packed;
+          }
+        } else {
+          float* dst = part_out + (slot * query_rows + r) * kD + col;
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const int j = 4 * v;
+            reinterpret_cast<float4*>(dst)[v] = make_float4(acc[j][2 * h + e] * inv[h], acc[j + 1][2 * h + e] * inv[h],
+                                                            acc[j + 2][2 * h + e] * inv[h], acc[j + 3][2 * h + e] * inv[h]);
+          }
+        }
+      }
+      if (warp == 0 && quad == 0) {
+        if (whole) {
+          if (write_lse) out_lse[(long long)b * query_rows + r] = lse[h];
+        } else {
+          part_lse[slot * query_rows + r] = lse[h];
+        }
+      }
+    }
+  }
+}
