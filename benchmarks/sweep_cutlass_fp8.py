@@ -60,7 +60,7 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float) -> None:
         runs = []
         for call in calls:
             out = torch.empty_like(call.out)
-            runs.append(lambda c=call, o=out: plan.run(c.q, c.qpe, c.kv, c.kpe, c.kv_scale, o, None) or o)
+            runs.append(lambda c=call, o=out, p=plan: p.run(c.q, c.qpe, c.kv, c.kpe, c.kv_scale, o, None) or o)
         err = relative_error(runs[0]().clone(), reference)
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, stages, per_sm, err))
