@@ -28,7 +28,7 @@
 //
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
 //   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per token when
-//          paged, and R * 16 * 576 * 2 B of queries (twice: row max, then values; L1/L2 hits);
+//          paged, and R * 16 * 576 * 2 B of queries;
 //   writes per row met 16 * 512 * 4 B of float32 partial + 64 B of lse (a whole row: the output in
 //          the query dtype, 16 * 512 * 2 B, + lse when asked).
 #pragma once
@@ -80,15 +80,18 @@ __device__ __forceinline__ int rope_offset(int t, int c) {
 __device__ __forceinline__ int q_offset(int row, int col, int row_bytes) {
   return row * row_bytes + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
-// Which query column feeds mma column kk of k-step ks (see the header): latent (and fp8 rope as a
-// ninth 64-column block) for one 16-byte fp8 load per lane; bf16 rope for one 16-byte bf16 load.
-__device__ __forceinline__ int fp8_k_source(int col) {
-  const int ks = col >> 4, kk = col & 15;
-  return 64 * (ks >> 2) + 16 * ((kk & 7) >> 1) + 4 * (ks & 3) + 2 * (kk >> 3) + (kk & 1);
+// Where query column d goes in the staged tile (k-step ks = slot / 16, mma column kk = slot % 16),
+// so that one 16-byte K load per lane feeds the mma: lane quad q of k-step ks reads the K bytes
+//   fp8 (latent, then the fp8 rope as a ninth 64-column block): 64 (ks / 4) + 16 q + 4 (ks % 4) + [0, 4)
+//     -> kk = 2 q + {0, 1} (first two bytes), 8 + 2 q + {0, 1} (last two);
+//   bf16 rope: elements 32 (ks / 2) + 8 q + 4 (ks % 2) + [0, 4), in the same kk order.
+__device__ __forceinline__ int fp8_k_slot(int d) {
+  const int j = d >> 6, r = d & 63;
+  return 16 * (4 * j + ((r >> 2) & 3)) + 8 * ((r >> 1) & 1) + 2 * (r >> 4) + (r & 1);
 }
-__device__ __forceinline__ int bf16_k_source(int col) {
-  const int ks = col >> 4, kk = col & 15;
-  return 32 * (ks >> 1) + 8 * ((kk & 7) >> 1) + 4 * (ks & 1) + 2 * (kk >> 3) + (kk & 1);
+__device__ __forceinline__ int bf16_k_slot(int d) {
+  const int u = d >> 5, r = d & 31;
+  return 16 * (2 * u + ((r >> 2) & 1)) + 8 * ((r >> 1) & 1) + 2 * (r >> 3) + (r & 1);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -254,36 +257,43 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     }
 
     // Stage the query: thread t scales row t / 8 by a power of two that puts its largest magnitude
-    // in [2^13, 2^14) (exact in f16; the rope joins the latent's dot with kPerTensor).
+    // in [2^13, 2^14) (exact in f16; the rope joins the latent's dot with kPerTensor). Every load
+    // is issued before the first use (one memory latency per segment, not one per element).
     {
       const int row = tid >> 3, sub = tid & 7;
       const bool live = row < query_rows;
       const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
       const T* q_row = q + b * q_sb + token * q_sq + head * q_sh;
       const T* qpe_row = qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh;
+      constexpr int kPer = L::kQCols / 8;  // columns sub + 8 i of the row
+      float x[kPer];
       float amax = 0.f;
-      if (live) {
-        for (int c = sub; c < L::kQCols; c += 8) {
-          amax = fmaxf(amax, fabsf(to_float(c < kD ? q_row[c] : qpe_row[c - kD])));
-        }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int c = sub + 8 * i;
+        x[i] = live ? to_float(c < kD ? q_row[c] : qpe_row[c - kD]) : 0.f;
+        amax = fmaxf(amax, fabsf(x[i]));
       }
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+      const bool finite = amax > 0.f && amax <= 3.0e38f;
       int exponent = 0;
-      if (amax > 0.f && amax <= 3.0e38f) frexpf(amax, &exponent);
-      int shift = amax > 0.f && amax <= 3.0e38f ? 14 - exponent : 0;
+      if (finite) frexpf(amax, &exponent);
+      int shift = finite ? 14 - exponent : 0;
       shift = shift > 100 ? 100 : (shift < -100 ? -100 : shift);
       const float up = ldexpf(1.f, shift);
       if (sub == 0) q_unscale[row] = ldexpf(1.f, -shift);
-      for (int c = sub; c < L::kQCols; c += 8) {
-        const int src = fp8_k_source(c);
-        const float x = live ? to_float(src < kD ? q_row[src] : qpe_row[src - kD]) : 0.f;
-        *reinterpret_cast<__half*>(q16 + q_offset(row, c, L::kQCols * 2)) = __float2half_rn(x * up);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int c = sub + 8 * i;
+        *reinterpret_cast<__half*>(q16 + q_offset(row, fp8_k_slot(c), L::kQCols * 2)) = __float2half_rn(x[i] * up);
       }
       if constexpr (kFormat == kDsMla) {
-        for (int c = sub; c < kP; c += 8) {
-          const T x = live ? qpe_row[bf16_k_source(c)] : T(0.f);
-          *reinterpret_cast<T*>(qpe16 + q_offset(row, c, kP * 2)) = x;
+#pragma unroll
+        for (int i = 0; i < kP / 8; ++i) {
+          const int c = sub + 8 * i;
+          const T v = live ? qpe_row[c] : T(0.f);
+          *reinterpret_cast<T*>(qpe16 + q_offset(row, bf16_k_slot(c), kP * 2)) = v;
         }
       }
     }
