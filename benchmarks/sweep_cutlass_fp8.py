@@ -47,13 +47,13 @@ def expected(x, cache) -> torch.Tensor:
     return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope)[0]
 
 
-def sweep(shape: Shape, fmt: str, copy_gbps: float) -> None:
+def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[tuple[int, int]]) -> None:
     sets = [inputs(shape, fmt, seed) for seed in range(ROTATING_SETS)]
     calls = [validate_mla_decoding(**s[0]) for s in sets]
     reference = expected(*sets[0][1:])
     nbytes = traffic_bytes(shape, shape.batch * shape.seq_len, kv_bytes_per_token(fmt))
     rows = []
-    for stages, per_sm in CONFIGS:
+    for stages, per_sm in configs:
         if not fits(fmt, stages, per_sm):
             continue
         plan = cutlass_mla.CutlassFp8DecodePlan(calls[0], stages, per_sm)
@@ -61,7 +61,7 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float) -> None:
         for call in calls:
             out = torch.empty_like(call.out)
             runs.append(lambda c=call, o=out, p=plan: p.run(c.q, c.qpe, c.kv, c.kpe, c.kv_scale, o, None) or o)
-        err = relative_error(runs[0]().clone(), reference)
+        err = relative_error(runs[0]().clone().reshape(reference.shape), reference)
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, stages, per_sm, err))
     print(
@@ -87,17 +87,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="64x4096x16,128x8192x16")
     parser.add_argument("--formats", default="fp8,fp8_ds_mla")
+    parser.add_argument("--configs", default=",".join(f"{s}x{p}" for s, p in CONFIGS), help="stages x CTAs/SM, ...")
     parser.add_argument("--precompile", action="store_true")
     args = parser.parse_args()
     if args.precompile:
         precompile()
         return
+    configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s")
     for text in args.shapes.split(","):
         b, s, h = map(int, text.split("x"))
         for fmt in args.formats.split(","):
-            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps)
+            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps, configs)
 
 
 if __name__ == "__main__":
