@@ -62,7 +62,9 @@ def fp8_shared_bytes(kv_format: str, stages: int = FP8_STAGES) -> int:
     rope, scales = (64, 0) if kv_format == "fp8" else (128, 16)
     stage = TOKENS_PER_BLOCK * (HEAD_DIM + rope + scales)
     query = 16 * (HEAD_DIM + ROPE_DIM) * 2 if kv_format == "fp8" else 16 * HEAD_DIM * 2 + 16 * ROPE_DIM * 2
-    return stages * stage + query + 16 * 160 + 4 * 16 * 4 + 16 * 4
+    partials = 4 * 16 * 64 * 4  # each warp's partial scores [16, 64] float32
+    offsets = stages * TOKENS_PER_BLOCK * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
+    return stages * stage + query + partials + offsets + 16 * 4
 
 
 @functools.cache

@@ -11,18 +11,24 @@
 // CTAs per SM. It walks the batch rows its piece meets and, for each, the row's 64-token KV blocks
 // [lo, hi) inside the piece (same segments, work slots and causal rule as the wgmma kernel):
 //   loads   cp.async, kStages - 1 blocks ahead, per block:
-//             latent fp8 [64, 512] 32 KB; rope [64, 64] fp8 4 KB (bf16 8 KB); scales [64, 4] 1 KB
-//   warp w  S[16 rows, tokens 16w .. 16w + 15] = Q . K^T: mma m16n8k16, 2 n-tiles x 36 k-steps.
-//           K's bytes are widened exactly to f16 in registers (cvt e4m3x2 -> f16x2). The query was
-//           rescaled per row by a power of two into f16 (exact), its columns permuted so that one
-//           16-byte K load per lane feeds four k-steps. kDsMla: one f32 accumulator per 128-column
-//           group (scaled per token afterwards) and a bf16 mma for the rope.
-//   CTA     row max across the warps (shared memory); P = exp2(S - m) in f16 -> shared [16, 64].
+//             latent fp8 [64, 512] 32 KB; rope [64, 64] fp8 4 KB (bf16 8 KB); scales [64, 4] 1 KB.
+//           Each token's byte offsets (page lookup) are computed once, kStages blocks ahead, by one
+//           thread into a small table in shared memory.
+//   warp w  partial S[16 rows, 64 tokens] over its quarter of the 576 columns: latent columns
+//           128w .. 128w + 127 and one 16-column k-step of the rope (mma m16n8k16, 8 n-tiles x 9
+//           k-steps, each k-step's query fragment read once by ldmatrix). K's bytes
+//           are widened exactly to f16 in registers (cvt e4m3x2 -> f16x2); the query was rescaled
+//           per row by a power of two into f16 (exact), its columns permuted so that one 16-byte K
+//           load per lane feeds four k-steps. kDsMla: the warp's columns are one scale group, so
+//           it scales its partial per token before adding its bf16 rope k-step.
+//   CTA     the four partials meet in shared memory; every warp adds them up and runs the same
+//           online softmax, so P stays in registers as the next mma's A fragments.
 //   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma m16n8k16, 4 k-steps x 16 n-tiles.
 //           Two tokens' bytes are interleaved (prmt) and widened, so each register holds one column
 //           of two tokens (kDsMla: times their f16 scales of group w); the n-tiles are permuted:
 //           n-tile j, column n of the mma <-> latent column 128w + 16n + j.
-//   O lives in registers (64 floats per thread), the running max and partial row sums too.
+//   O lives in registers (64 floats per thread), the running max and row sums too. Two barriers
+//   per block: the stage has landed, and the partials are written.
 // Shared-memory tiles are XOR-swizzled by 16-byte chunk so that the K loads (two tokens x 64 B per
 // 8 lanes), the V loads (four tokens x 32 B) and ldmatrix of the query hit distinct banks.
 //
@@ -45,7 +51,6 @@ inline constexpr int kRows = 16;      // query rows per CTA (the mma M)
 inline constexpr int kTokens = 64;    // KV tokens per block
 inline constexpr int kThreads = 128;  // 4 warps
 inline constexpr int kPerTensor = 0, kDsMla = 1;
-inline constexpr int kPRowBytes = 160;  // P row: 64 f16 + 32 B of padding (conflict-free 8-byte reads)
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kFormat>
@@ -64,14 +69,16 @@ struct Tiles {
 };
 
 // Byte offset of 16-byte chunk c of token row t in a latent tile: XOR swizzle of the chunk's low 3 bits.
+// K loads: 8 lanes read tokens t, t + 1 (t even) x chunks 4j .. 4j + 3 -> opposite halves of the banks;
+// V loads: 8 lanes read tokens {2q + c} (q = 0..3, c fixed) x chunks 8w + {2p, 2p + 1} -> 4 distinct pairs.
 __device__ __forceinline__ int lat_offset(int t, int c) {
-  const int h = ((t >> 1) & 6) ^ ((t & 1) << 2);
+  const int h = (t & 6) ^ ((t & 1) << 2);
   return t * kD + ((c ^ h) << 4);
 }
 template <int kFormat>
 __device__ __forceinline__ int rope_offset(int t, int c) {
   if constexpr (kFormat == kPerTensor) {
-    return t * kP + (c << 4);  // two tokens fill one 128-byte line: no conflict
+    return t * kP + ((c ^ ((t >> 1) & 3)) << 4);  // 4-byte reads of 8 tokens x 4 chunks: 32 banks
   } else {
     return t * 2 * kP + ((c ^ ((t & 1) << 2)) << 4);
   }
@@ -162,36 +169,46 @@ struct TokenRows {
   }
 };
 
-// cp.async of block blk into one stage. Latent: thread t takes tokens t / 8 + 16 i and chunks
-// t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
+// Byte offsets of one token's latent, rope and scales (-1: past the row), kStages blocks ahead.
+struct TokenOffsets {
+  long long lat, rope, scale;
+};
+
+__device__ __forceinline__ TokenOffsets locate(const TokenRows& rows, int pos) {
+  long long lat, rope, scale;
+  if (!rows.locate(pos, lat, rope, scale)) return {-1, -1, -1};
+  return {lat, rope, scale};
+}
+
+// cp.async of one block into a stage from its offset table. Latent: thread t takes tokens t / 8 + 16 i
+// and chunks t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
 template <int kFormat>
-__device__ __forceinline__ void load_block(unsigned char* stage, const TokenRows& rows, int blk,
-                                           const unsigned char* kv, const unsigned char* kpe,
-                                           const unsigned char* scales) {
+__device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffsets* table, const unsigned char* kv,
+                                           const unsigned char* kpe, const unsigned char* scales) {
   using L = Tiles<kFormat>;
   const int tid = threadIdx.x;
-  const int base = blk * kTokens;
-  long long lat, rope, scale;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int t = (tid >> 3) + 16 * i;
-    const bool ok = rows.locate(base + t, lat, rope, scale);
+    const long long off = table[t].lat;
+    const unsigned char* src = kv + (off < 0 ? 0 : off);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int c = (tid & 7) + 8 * j;
-      cp_async16(stage + L::kLat + lat_offset(t, c), ok ? kv + lat + 16 * c : kv, ok);
+      cp_async16(stage + L::kLat + lat_offset(t, c), src + 16 * c, off >= 0);
     }
   }
 #pragma unroll
-  for (int i = tid; i < kTokens * L::kRopeChunks; i += kThreads) {
+  for (int k = 0; k < kTokens * L::kRopeChunks / kThreads; ++k) {
+    const int i = tid + kThreads * k;
     const int t = i / L::kRopeChunks, c = i % L::kRopeChunks;
-    const bool ok = rows.locate(base + t, lat, rope, scale);
-    cp_async16(stage + L::kRope + rope_offset<kFormat>(t, c), ok ? kpe + rope + 16 * c : kpe, ok);
+    const long long off = table[t].rope;
+    cp_async16(stage + L::kRope + rope_offset<kFormat>(t, c), kpe + (off < 0 ? 0 : off + 16 * c), off >= 0);
   }
   if constexpr (kFormat == kDsMla) {
     if (tid < kTokens) {
-      const bool ok = rows.locate(base + tid, lat, rope, scale);
-      cp_async16(stage + L::kScale + 16 * tid, ok ? scales + scale : scales, ok);
+      const long long off = table[tid].scale;
+      cp_async16(stage + L::kScale + 16 * tid, scales + (off < 0 ? 0 : off), off >= 0);
     }
   }
 }
@@ -214,9 +231,9 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* q16 = smem + kStages * L::kStage;  // [16, kQCols] f16, scaled and permuted
   unsigned char* qpe16 = q16 + L::kQBytes;           // [16, 64] bf16 (kDsMla), permuted
-  unsigned char* p_tile = qpe16 + L::kQpeBytes;      // [16, 64] f16 probabilities, rows of kPRowBytes
-  float* red = reinterpret_cast<float*>(p_tile + kRows * kPRowBytes);  // [4 warps, 16 rows]
-  float* q_unscale = red + 4 * kRows;                                   // [16]: 2^-shift per row
+  float4* partials = reinterpret_cast<float4*>(qpe16 + L::kQpeBytes);  // [4 warps, 8 n-tiles, 32 lanes]
+  TokenOffsets* offsets = reinterpret_cast<TokenOffsets*>(partials + 4 * 8 * 32);  // [kStages, 64]
+  float* q_unscale = reinterpret_cast<float*>(offsets + kStages * kTokens);       // [16]: 2^-shift per row
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
@@ -227,6 +244,9 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
   const int last_row = piece_rows[num_pieces + piece];
   // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
   const float kv_scale = kFormat == kPerTensor ? *reinterpret_cast<const float*>(scales) : 1.f;
+  // This warp's k-steps of the staged query: latent 64-column blocks 2w, 2w + 1 (four k-steps each),
+  // then one rope k-step (the fp8 rope is block 8 of the same tile; the bf16 rope its own tile).
+  const int rope_ks = kFormat == kPerTensor ? 32 + warp : warp;
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
@@ -248,11 +268,16 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     const int first_blk = lo - row_begin, end_blk = hi - row_begin;
 
     __syncthreads();  // the previous segment is done with every buffer
+    if (tid < kTokens) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        if (first_blk + s < end_blk) offsets[s * kTokens + tid] = locate(rows, (first_blk + s) * kTokens + tid);
+      }
+    }
+    __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (first_blk + s < end_blk) {
-        load_block<kFormat>(smem + s * L::kStage, rows, first_blk + s, kv, kpe, scales);
-      }
+      if (first_blk + s < end_blk) load_block<kFormat>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
       commit_async_copies();
     }
 
@@ -301,6 +326,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows g, g + 8
     float l[2] = {0.f, 0.f};              // this lane's share of their sums
     int limit[2];
+    float row_scale[2];  // kPerTensor: score scale of rows g, g + 8 (kDsMla scales per token instead)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = g + 8 * h;
@@ -309,8 +335,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     float acc[16][4];
 #pragma unroll
     for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-
-    // ldmatrix addresses of this lane for k-step 0 (matrix lane / 8: rows +8 for odd, columns +8 for >= 2).
+    // ldmatrix addresses of this lane (matrix lane / 8: rows +8 for odd, columns +8 for >= 2).
     const int lm_row = (lane & 7) + 8 * ((lane >> 3) & 1), lm_col = 8 * (lane >> 4);
 
     for (int blk = first_blk; blk < end_blk; ++blk) {
@@ -318,119 +343,116 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
       const unsigned char* stage = smem + (i % kStages) * L::kStage;
       wait_async_copies<kStages - 2>();
       __syncthreads();  // block i has landed for every thread; block i - 1 is done everywhere
+      if (i == 0) {  // the staged query is visible now
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_scale[h] = qk_scale_log2 * kv_scale * q_unscale[g + 8 * h];
+      }
       if (blk + kStages - 1 < end_blk) {
-        load_block<kFormat>(smem + ((i + kStages - 1) % kStages) * L::kStage, rows, blk + kStages - 1, kv, kpe,
-                            scales);
+        const int s = (i + kStages - 1) % kStages;
+        load_block<kFormat>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
       }
       commit_async_copies();
+      if (tid < kTokens && blk + kStages < end_blk) {
+        offsets[(i % kStages) * kTokens + tid] = locate(rows, (blk + kStages) * kTokens + tid);
+      }
 
-      // S = Q . K^T over this warp's 16 tokens.
-      float s[2][4] = {};
-      float sg[kFormat == kDsMla ? 4 : 1][2][4] = {};  // kDsMla: one accumulator per 128-column group
+      // This warp's partial S over its columns, all 64 tokens (n-tile nt: tokens 8 nt .. 8 nt + 7).
+      float sp[8][4] = {};
+      uint32_t a[4];
 #pragma unroll
-      for (int j = 0; j < L::kQCols / 64; ++j) {
-        uint4 kw[2];
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * warp + jj;
+        uint4 kw[8];
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int t = 16 * warp + 8 * nt + g;
-          const unsigned char* src = j < 8 ? stage + L::kLat + lat_offset(t, 4 * j + quad)
-                                           : stage + L::kRope + rope_offset<kFormat>(t, quad);
-          kw[nt] = *reinterpret_cast<const uint4*>(src);
+        for (int nt = 0; nt < 8; ++nt) {
+          kw[nt] = *reinterpret_cast<const uint4*>(stage + L::kLat + lat_offset(8 * nt + g, 4 * j + quad));
         }
 #pragma unroll
         for (int t4 = 0; t4 < 4; ++t4) {
-          uint32_t a[4];
           ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * (4 * j + t4) + lm_col, L::kQCols * 2));
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
+          for (int nt = 0; nt < 8; ++nt) {
             const uint32_t word = (&kw[nt].x)[t4];
-            float(&c)[4] = kFormat == kDsMla ? sg[j >> 1][nt] : s[nt];
-            mma_f16(c, a, fp8x2_to_half2(word), fp8x2_to_half2(word >> 16));
+            mma_f16(sp[nt], a, fp8x2_to_half2(word), fp8x2_to_half2(word >> 16));
           }
         }
       }
-      if constexpr (kFormat == kDsMla) {
-        float rope_acc[2][4] = {};
+      if constexpr (kFormat == kPerTensor) {
+        ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * rope_ks + lm_col, L::kQCols * 2));
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          uint4 kw[2];
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const int t = 16 * warp + 8 * nt + g;
-            kw[nt] = *reinterpret_cast<const uint4*>(stage + L::kRope + rope_offset<kFormat>(t, 4 * u + quad));
-          }
-#pragma unroll
-          for (int t2 = 0; t2 < 2; ++t2) {
-            uint32_t a[4];
-            ldmatrix_x4(a, qpe16 + q_offset(lm_row, 16 * (2 * u + t2) + lm_col, kP * 2));
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              mma_bf16(rope_acc[nt], a, (&kw[nt].x)[2 * t2], (&kw[nt].x)[2 * t2 + 1]);
-            }
-          }
-        }
-        // s = sum over groups of scale[token][group] * partial / 2^shift, + rope.
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int t = 16 * warp + 8 * nt + 2 * quad + e;
-            const float4 sc = *reinterpret_cast<const float4*>(stage + L::kScale + 16 * t);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int k = 2 * h + e;
-              const float lat = sc.x * sg[0][nt][k] + sc.y * sg[1][nt][k] + sc.z * sg[2][nt][k] + sc.w * sg[3][nt][k];
-              s[nt][k] = (lat * q_unscale[g + 8 * h] + rope_acc[nt][k]) * qk_scale_log2;
-            }
-          }
+        for (int nt = 0; nt < 8; ++nt) {  // rope k-step w: word w of the lane's rope chunk
+          const uint32_t word =
+              *reinterpret_cast<const uint32_t*>(stage + L::kRope + rope_offset<kFormat>(8 * nt + g, quad) + 4 * warp);
+          mma_f16(sp[nt], a, fp8x2_to_half2(word), fp8x2_to_half2(word >> 16));
         }
       } else {
+        ldmatrix_x4(a, qpe16 + q_offset(lm_row, 16 * rope_ks + lm_col, kP * 2));
+        // Scale group w's partial per token, then add the rope k-step w (bf16, unscaled query).
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) s[nt][k] *= qk_scale_log2 * kv_scale * q_unscale[g + 8 * (k >> 1)];
+          for (int k = 0; k < 4; ++k) {
+            const int t = 8 * nt + 2 * quad + (k & 1);
+            sp[nt][k] *= reinterpret_cast<const float*>(stage + L::kScale + 16 * t)[warp] * q_unscale[g + 8 * (k >> 1)];
+          }
+          const uint2 words = *reinterpret_cast<const uint2*>(
+              stage + L::kRope + rope_offset<kFormat>(8 * nt + g, 4 * (warp >> 1) + quad) + 8 * (warp & 1));
+          mma_bf16(sp[nt], a, words.x, words.y);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        partials[(warp * 8 + nt) * 32 + lane] = make_float4(sp[nt][0], sp[nt][1], sp[nt][2], sp[nt][3]);
+      }
+      __syncthreads();  // every warp's partial is written
+#pragma unroll
+      for (int other = 1; other < 4; ++other) {
+        const int w2 = (warp + other) & 3;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float4 v = partials[(w2 * 8 + nt) * 32 + lane];
+          sp[nt][0] += v.x;
+          sp[nt][1] += v.y;
+          sp[nt][2] += v.z;
+          sp[nt][3] += v.w;
         }
       }
 
-      // Mask, and this warp's row maxima -> shared memory.
+      // Scale and mask (log2 units), the block's row maxima (quad shuffles: every warp has all 64 tokens).
       float bmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int h = k >> 1;
-          const int pos = blk * kTokens + 16 * warp + 8 * nt + 2 * quad + (k & 1);
-          s[nt][k] = pos < limit[h] ? s[nt][k] : -INFINITY;
-          bmax[h] = fmaxf(bmax[h], s[nt][k]);
+          const int pos = blk * kTokens + 8 * nt + 2 * quad + (k & 1);
+          const float sc = kFormat == kPerTensor ? row_scale[h] : qk_scale_log2;
+          sp[nt][k] = pos < limit[h] ? sp[nt][k] * sc : -INFINITY;
+          bmax[h] = fmaxf(bmax[h], sp[nt][k]);
         }
       }
+      float m_safe[2], alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 1));
         bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 2));
-        if (quad == 0) red[warp * kRows + g + 8 * h] = bmax[h];
-      }
-      __syncthreads();
-      float m_safe[2], alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = g + 8 * h;
-        const float block_max = fmaxf(fmaxf(red[row], red[kRows + row]), fmaxf(red[2 * kRows + row], red[3 * kRows + row]));
-        const float m_new = fmaxf(m[h], block_max);
+        const float m_new = fmaxf(m[h], bmax[h]);
         m_safe[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no token yet: no inf - inf
         alpha[h] = exp2f(m[h] - m_safe[h]);
         m[h] = m_new;
         l[h] *= alpha[h];
       }
+      // P = exp2(S - m) in f16 as A fragments: k-step ks takes n-tiles 2 ks (a0, a1) and 2 ks + 1 (a2, a3).
+      uint32_t pf[4][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(s[nt][2 * h] - m_safe[h]);
-          const float p1 = exp2f(s[nt][2 * h + 1] - m_safe[h]);
+          const float p0 = exp2f(sp[nt][2 * h] - m_safe[h]);
+          const float p1 = exp2f(sp[nt][2 * h + 1] - m_safe[h]);
           l[h] += p0 + p1;
-          *reinterpret_cast<__half2*>(p_tile + (g + 8 * h) * kPRowBytes + 2 * (16 * warp + 8 * nt + 2 * quad)) =
-              __floats2half2_rn(p0, p1);
+          __half2 pair = __floats2half2_rn(p0, p1);
+          pf[nt >> 1][2 * (nt & 1) + h] = *reinterpret_cast<uint32_t*>(&pair);
         }
       }
 #pragma unroll
@@ -440,20 +462,15 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         acc[j][2] *= alpha[1];
         acc[j][3] *= alpha[1];
       }
-      __syncthreads();
 
-      // O[:, 128 warp ..] += P . V.
+      // O[:, 128 warp ..] += P . V: the lane reads tokens 16 ks + {2q, 2q + 1, 2q + 8, 2q + 9}.
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        const unsigned char* p_lo = p_tile + g * kPRowBytes + 2 * (16 * ks + 4 * quad);
-        const uint2 top = *reinterpret_cast<const uint2*>(p_lo);
-        const uint2 bottom = *reinterpret_cast<const uint2*>(p_lo + 8 * kPRowBytes);
-        const uint32_t a[4] = {top.x, bottom.x, top.y, bottom.y};
         uint4 vw[4];
         float vs[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int t = 16 * ks + 4 * quad + r;
+          const int t = 16 * ks + 2 * quad + (r & 1) + 8 * (r >> 1);
           vw[r] = *reinterpret_cast<const uint4*>(stage + L::kLat + lat_offset(t, 8 * warp + g));
           if constexpr (kFormat == kDsMla) vs[r] = reinterpret_cast<const float*>(stage + L::kScale + 16 * t)[warp];
         }
@@ -462,7 +479,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
           const uint32_t x0 = (&vw[0].x)[w4], x1 = (&vw[1].x)[w4], x2 = (&vw[2].x)[w4], x3 = (&vw[3].x)[w4];
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            // Bytes (col c, token 4q), (c, 4q + 1), (c + 1, 4q), (c + 1, 4q + 1) for columns 4 w4 + 2 half + {0, 1}.
+            // Bytes (col c, token a), (c, a + 1), (c + 1, a), (c + 1, a + 1) for columns 4 w4 + 2 half + {0, 1}.
             const uint32_t sel = half ? 0x7362u : 0x5140u;
             const uint32_t t01 = byte_perm(x0, x1, sel), t23 = byte_perm(x2, x3, sel);
 #pragma unroll
@@ -472,26 +489,19 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
                 b0 = mul_half2(b0, vs[0], vs[1]);
                 b1 = mul_half2(b1, vs[2], vs[3]);
               }
-              mma_f16(acc[4 * w4 + 2 * half + e], a, b0, b1);
+              mma_f16(acc[4 * w4 + 2 * half + e], pf[ks], b0, b1);
             }
           }
         }
       }
     }
 
-    // Row sums: lane share -> quad -> the four warps'.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
-      l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
-      if (quad == 0) red[warp * kRows + g + 8 * h] = l[h];
-    }
-    __syncthreads();
+    // Row sums: lane share -> quad (every warp saw every token: no exchange between warps).
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = g + 8 * h;
-      const float total = red[row] + red[kRows + row] + red[2 * kRows + row] + red[3 * kRows + row];
+      float total = l[h] + __shfl_xor_sync(0xffffffff, l[h], 1);
+      total += __shfl_xor_sync(0xffffffff, total, 2);
       const bool empty = total == 0.f;  // no token seen: zeros, lse -inf; NaN data gives NaN
       inv[h] = empty ? 0.f : (kFormat == kPerTensor ? kv_scale : 1.f) / total;
       lse[h] = empty ? -INFINITY : (m[h] + log2f(total)) * kLn2;
