@@ -6,7 +6,7 @@
 For each shape and format it plans the call once per (stages, programs per SM) that fits in shared
 memory, checks the output against float64 (rel. L2), times CUDA-graph replays over rotating input
 sets and prints one table per shape, fastest first, with the same-run copy bandwidth counting the
-format's bytes. The chosen default goes into ``FP8_STAGES`` / ``FP8_PROGRAMS_PER_SM``.
+format's bytes. The chosen defaults go into ``FP8_CONFIGS``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from tilegym.testing import make_mla_inputs, mla_decode_float64, pack_cache, rel
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
-SHARED_PER_SM = 227 * 1024  # H100/H200: usable shared memory per SM (and per CTA)
 CONFIGS = [(2, 2), (2, 1), (3, 1), (4, 1), (5, 1)]  # (stages, CTAs per SM)
 
 
 def fits(fmt: str, stages: int, programs_per_sm: int) -> bool:
-    return programs_per_sm * (cutlass_mla.fp8_shared_bytes(fmt, stages) + 1024) <= SHARED_PER_SM
+    return programs_per_sm * (cutlass_mla.fp8_shared_bytes(fmt, stages) + 1024) <= cutlass_mla.SHARED_PER_SM
 
 
 def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
@@ -65,8 +64,8 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[tuple[int, int
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, stages, per_sm, err))
     print(
-        f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_STAGES} stages, "
-        f"{cutlass_mla.FP8_PROGRAMS_PER_SM} CTAs/SM)"
+        f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default: stages, CTAs/SM = "
+        f"{cutlass_mla.FP8_CONFIGS[fmt]})"
     )
     print("| us | % copy BW | stages | CTAs/SM | rel. L2 vs float64 |")
     print("|---|---|---|---|---|")

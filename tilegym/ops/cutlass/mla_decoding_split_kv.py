@@ -51,13 +51,16 @@ FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX_QUERY_ROWS = 16  # the mma M: one CTA holds every query row
 FP8_THREADS = 128
-FP8_STAGES = 2  # KV blocks in shared memory (kStages - 1 in flight while one is read)
-FP8_PROGRAMS_PER_SM = 2
+# Per format: (KV blocks in shared memory: kStages - 1 in flight while one is read, CTAs per SM).
+# Two CTAs per SM measured fastest where they fit (benchmarks/sweep_cutlass_fp8.py); fp8_ds_mla's
+# larger stages leave room for one CTA per SM only.
+FP8_CONFIGS = {"fp8": (2, 2), FP8_DS_MLA: (3, 1)}
+SHARED_PER_SM = 228 * 1024  # Hopper: shared memory per SM (each CTA also reserves 1 KB)
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
 CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
 
 
-def fp8_shared_bytes(kv_format: str, stages: int = FP8_STAGES) -> int:
+def fp8_shared_bytes(kv_format: str, stages: int) -> int:
     """Dynamic shared memory of the fp8 kernel (mirrors its ``Tiles`` and trailing buffers)."""
     rope, scales = (64, 0) if kv_format == "fp8" else (128, 16)
     stage = TOKENS_PER_BLOCK * (HEAD_DIM + rope + scales)
@@ -83,8 +86,10 @@ def combine_kernel(dtype: torch.dtype) -> CudaKernel:
 
 
 @functools.cache
-def fp8_split_kernel(dtype: torch.dtype, kv_format: str, stages: int = FP8_STAGES) -> CudaKernel:
-    """The fp8-cache split kernel for ``dtype`` queries and ``kv_format`` ("fp8" or "fp8_ds_mla")."""
+def fp8_split_kernel(dtype: torch.dtype, kv_format: str, stages: int | None = None) -> CudaKernel:
+    """The fp8-cache split kernel for ``dtype`` queries and ``kv_format`` ("fp8" or "fp8_ds_mla"),
+    with ``stages`` KV blocks in shared memory (default: the format's config)."""
+    stages = FP8_CONFIGS[kv_format][0] if stages is None else stages
     ctype = C_TYPES[dtype]
     pointers = (
         *(f"const {ctype}*",) * 2,
@@ -310,10 +315,13 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     rows_per_cta = FP8_MAX_QUERY_ROWS
     threads = FP8_THREADS
 
-    def __init__(
-        self, call: MLADecodeCall, stages: int = FP8_STAGES, programs_per_sm: int = FP8_PROGRAMS_PER_SM
-    ) -> None:
-        self.stages, self.programs_per_sm = stages, programs_per_sm  # other values: benchmarks/sweep_cutlass_fp8.py
+    def __init__(self, call: MLADecodeCall, stages: int | None = None, programs_per_sm: int | None = None) -> None:
+        """``stages`` and ``programs_per_sm`` other than the format's config: benchmarks/sweep_cutlass_fp8.py."""
+        default_stages, default_per_sm = FP8_CONFIGS[call.kv_format]
+        self.stages = default_stages if stages is None else stages
+        self.programs_per_sm = default_per_sm if programs_per_sm is None else programs_per_sm
+        if self.programs_per_sm * (fp8_shared_bytes(call.kv_format, self.stages) + 1024) > SHARED_PER_SM:
+            raise ValueError(f"{self.stages} stages x {self.programs_per_sm} CTAs per SM exceed the shared memory")
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:

@@ -116,10 +116,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* smem) 
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(addr));
 }
-__device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t two_bytes) {
-  uint32_t out;
-  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(two_bytes));
-  return out;
+// Four e4m3 bytes -> two f16x2 (bytes 0, 1 -> lo; bytes 2, 3 -> hi), exact. The 32-bit word is split
+// into its halves by a move (no shifts).
+__device__ __forceinline__ void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
 }
 __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
   return __byte_perm(x, y, selector);
@@ -337,6 +339,19 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     // ldmatrix addresses of this lane (matrix lane / 8: rows +8 for odd, columns +8 for >= 2).
     const int lm_row = (lane & 7) + 8 * ((lane >> 3) & 1), lm_col = 8 * (lane >> 4);
+    // Stage offsets of this lane's loads (the swizzle depends on the token's low 3 bits only, so
+    // n-tile / k-step steps are constant strides): K of token 8 nt + g, chunk 4 (2w + jj) + quad;
+    // rope; V of token 16 ks + 2 quad + (r & 1) + 8 (r >> 1), chunk 8w + g; the scales.
+    int k_base[2], v_base[2];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) k_base[jj] = L::kLat + lat_offset(g, 4 * (2 * warp + jj) + quad);
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) v_base[odd] = L::kLat + lat_offset(2 * quad + odd, 8 * warp + g);
+    const int rope_base = kFormat == kPerTensor ? L::kRope + rope_offset<kFormat>(g, quad) + 4 * warp
+                                                : L::kRope + rope_offset<kFormat>(g, 4 * (warp >> 1) + quad) + 8 * (warp & 1);
+    const int scale_base = L::kScale + 32 * quad + 4 * warp;  // + 16 (token - 2 quad)
+    // Blocks entirely below every row's limit need no mask.
+    const int unmasked_end = causal ? rows.len - q_len + 1 : rows.len;
 
     for (int blk = first_blk; blk < end_blk; ++blk) {
       const int i = blk - first_blk;
@@ -364,16 +379,15 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         const int j = 2 * warp + jj;
         uint4 kw[8];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          kw[nt] = *reinterpret_cast<const uint4*>(stage + L::kLat + lat_offset(8 * nt + g, 4 * j + quad));
-        }
+        for (int nt = 0; nt < 8; ++nt) kw[nt] = *reinterpret_cast<const uint4*>(stage + k_base[jj] + kD * 8 * nt);
 #pragma unroll
         for (int t4 = 0; t4 < 4; ++t4) {
           ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * (4 * j + t4) + lm_col, L::kQCols * 2));
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {
-            const uint32_t word = (&kw[nt].x)[t4];
-            mma_f16(sp[nt], a, fp8x2_to_half2(word), fp8x2_to_half2(word >> 16));
+            uint32_t b0, b1;
+            fp8x4_to_half2x2((&kw[nt].x)[t4], b0, b1);
+            mma_f16(sp[nt], a, b0, b1);
           }
         }
       }
@@ -381,9 +395,9 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * rope_ks + lm_col, L::kQCols * 2));
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {  // rope k-step w: word w of the lane's rope chunk
-          const uint32_t word =
-              *reinterpret_cast<const uint32_t*>(stage + L::kRope + rope_offset<kFormat>(8 * nt + g, quad) + 4 * warp);
-          mma_f16(sp[nt], a, fp8x2_to_half2(word), fp8x2_to_half2(word >> 16));
+          uint32_t b0, b1;
+          fp8x4_to_half2x2(*reinterpret_cast<const uint32_t*>(stage + rope_base + 8 * kP * nt), b0, b1);
+          mma_f16(sp[nt], a, b0, b1);
         }
       } else {
         ldmatrix_x4(a, qpe16 + q_offset(lm_row, 16 * rope_ks + lm_col, kP * 2));
@@ -392,11 +406,10 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const int t = 8 * nt + 2 * quad + (k & 1);
-            sp[nt][k] *= reinterpret_cast<const float*>(stage + L::kScale + 16 * t)[warp] * q_unscale[g + 8 * (k >> 1)];
+            const float group_scale = *reinterpret_cast<const float*>(stage + scale_base + 16 * (8 * nt + (k & 1)));
+            sp[nt][k] *= group_scale * q_unscale[g + 8 * (k >> 1)];
           }
-          const uint2 words = *reinterpret_cast<const uint2*>(
-              stage + L::kRope + rope_offset<kFormat>(8 * nt + g, 4 * (warp >> 1) + quad) + 8 * (warp & 1));
+          const uint2 words = *reinterpret_cast<const uint2*>(stage + rope_base + 16 * kP * nt);
           mma_bf16(sp[nt], a, words.x, words.y);
         }
       }
@@ -418,25 +431,31 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         }
       }
 
-      // Scale and mask (log2 units), the block's row maxima (quad shuffles: every warp has all 64 tokens).
+      // Mask (only a block that reaches a row's limit), the block's row maxima of the raw scores
+      // (quad shuffles: every warp has all 64 tokens); the score scale (> 0) goes into exp2's FMA.
+      if ((blk + 1) * kTokens > unmasked_end) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int pos = blk * kTokens + 8 * nt + 2 * quad + (k & 1);
+            sp[nt][k] = pos < limit[k >> 1] ? sp[nt][k] : -INFINITY;
+          }
+        }
+      }
       float bmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int h = k >> 1;
-          const int pos = blk * kTokens + 8 * nt + 2 * quad + (k & 1);
-          const float sc = kFormat == kPerTensor ? row_scale[h] : qk_scale_log2;
-          sp[nt][k] = pos < limit[h] ? sp[nt][k] * sc : -INFINITY;
-          bmax[h] = fmaxf(bmax[h], sp[nt][k]);
-        }
+        for (int k = 0; k < 4; ++k) bmax[k >> 1] = fmaxf(bmax[k >> 1], sp[nt][k]);
       }
-      float m_safe[2], alpha[2];
+      float m_safe[2], alpha[2], sf[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        sf[h] = kFormat == kPerTensor ? row_scale[h] : qk_scale_log2;
         bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 1));
         bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 2));
-        const float m_new = fmaxf(m[h], bmax[h]);
+        const float m_new = fmaxf(m[h], bmax[h] * sf[h]);
         m_safe[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no token yet: no inf - inf
         alpha[h] = exp2f(m[h] - m_safe[h]);
         m[h] = m_new;
@@ -448,19 +467,21 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(sp[nt][2 * h] - m_safe[h]);
-          const float p1 = exp2f(sp[nt][2 * h + 1] - m_safe[h]);
+          const float p0 = exp2f(fmaf(sp[nt][2 * h], sf[h], -m_safe[h]));
+          const float p1 = exp2f(fmaf(sp[nt][2 * h + 1], sf[h], -m_safe[h]));
           l[h] += p0 + p1;
           __half2 pair = __floats2half2_rn(p0, p1);
           pf[nt >> 1][2 * (nt & 1) + h] = *reinterpret_cast<uint32_t*>(&pair);
         }
       }
+      if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the max moved for a row
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        acc[j][0] *= alpha[0];
-        acc[j][1] *= alpha[0];
-        acc[j][2] *= alpha[1];
-        acc[j][3] *= alpha[1];
+        for (int j = 0; j < 16; ++j) {
+          acc[j][0] *= alpha[0];
+          acc[j][1] *= alpha[0];
+          acc[j][2] *= alpha[1];
+          acc[j][3] *= alpha[1];
+        }
       }
 
       // O[:, 128 warp ..] += P . V: the lane reads tokens 16 ks + {2q, 2q + 1, 2q + 8, 2q + 9}.
@@ -470,9 +491,11 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         float vs[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int t = 16 * ks + 2 * quad + (r & 1) + 8 * (r >> 1);
-          vw[r] = *reinterpret_cast<const uint4*>(stage + L::kLat + lat_offset(t, 8 * warp + g));
-          if constexpr (kFormat == kDsMla) vs[r] = reinterpret_cast<const float*>(stage + L::kScale + 16 * t)[warp];
+          const int token_step = 16 * ks + 8 * (r >> 1);  // + 2 quad + (r & 1), in the bases
+          vw[r] = *reinterpret_cast<const uint4*>(stage + v_base[r & 1] + kD * token_step);
+          if constexpr (kFormat == kDsMla) {
+            vs[r] = *reinterpret_cast<const float*>(stage + scale_base + 16 * (token_step + (r & 1)));
+          }
         }
 #pragma unroll
         for (int w4 = 0; w4 < 4; ++w4) {
@@ -481,10 +504,12 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
           for (int half = 0; half < 2; ++half) {
             // Bytes (col c, token a), (c, a + 1), (c + 1, a), (c + 1, a + 1) for columns 4 w4 + 2 half + {0, 1}.
             const uint32_t sel = half ? 0x7362u : 0x5140u;
-            const uint32_t t01 = byte_perm(x0, x1, sel), t23 = byte_perm(x2, x3, sel);
+            uint32_t b0_lo, b0_hi, b1_lo, b1_hi;
+            fp8x4_to_half2x2(byte_perm(x0, x1, sel), b0_lo, b0_hi);
+            fp8x4_to_half2x2(byte_perm(x2, x3, sel), b1_lo, b1_hi);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              uint32_t b0 = fp8x2_to_half2(t01 >> (16 * e)), b1 = fp8x2_to_half2(t23 >> (16 * e));
+              uint32_t b0 = e ? b0_hi : b0_lo, b1 = e ? b1_hi : b1_lo;
               if constexpr (kFormat == kDsMla) {
                 b0 = mul_half2(b0, vs[0], vs[1]);
                 b1 = mul_half2(b1, vs[2], vs[3]);
