@@ -23,11 +23,9 @@ from tilegym.testing import make_mla_inputs, mla_decode_float64, pack_cache, rel
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
-CONFIGS = [(2, 2), (2, 1), (3, 1), (4, 1), (5, 1)]  # (stages, CTAs per SM)
-
-
-def fits(fmt: str, stages: int, programs_per_sm: int) -> bool:
-    return programs_per_sm * (cutlass_mla.fp8_shared_bytes(fmt, stages) + 1024) <= cutlass_mla.SHARED_PER_SM
+Config = cutlass_mla.Fp8Config
+# (tokens per block, stages, CTAs per SM)
+CONFIGS = [Config(64, 2, 2), Config(64, 3, 1), Config(64, 4, 1), Config(32, 2, 3), Config(32, 3, 2), Config(32, 4, 2)]
 
 
 def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
@@ -46,53 +44,51 @@ def expected(x, cache) -> torch.Tensor:
     return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope)[0]
 
 
-def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[tuple[int, int]]) -> None:
+def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> None:
     sets = [inputs(shape, fmt, seed) for seed in range(ROTATING_SETS)]
     calls = [validate_mla_decoding(**s[0]) for s in sets]
     reference = expected(*sets[0][1:])
     nbytes = traffic_bytes(shape, shape.batch * shape.seq_len, kv_bytes_per_token(fmt))
     rows = []
-    for stages, per_sm in configs:
-        if not fits(fmt, stages, per_sm):
+    for config in configs:
+        if not cutlass_mla.fp8_config_fits(fmt, config):
             continue
-        plan = cutlass_mla.CutlassFp8DecodePlan(calls[0], stages, per_sm)
+        plan = cutlass_mla.CutlassFp8DecodePlan(calls[0], config)
         runs = []
         for call in calls:
             out = torch.empty_like(call.out)
             runs.append(lambda c=call, o=out, p=plan: p.run(c.q, c.qpe, c.kv, c.kpe, c.kv_scale, o, None) or o)
         err = relative_error(runs[0]().clone().reshape(reference.shape), reference)
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
-        rows.append((us, stages, per_sm, err))
-    print(
-        f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default: stages, CTAs/SM = "
-        f"{cutlass_mla.FP8_CONFIGS[fmt]})"
-    )
-    print("| us | % copy BW | stages | CTAs/SM | rel. L2 vs float64 |")
-    print("|---|---|---|---|---|")
-    for us, stages, per_sm, err in sorted(rows):
+        rows.append((us, config, err))
+    print(f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_CONFIGS[fmt]})")
+    print("| us | % copy BW | tokens/block | stages | CTAs/SM | rel. L2 vs float64 |")
+    print("|---|---|---|---|---|---|")
+    for us, config, err in sorted(rows):
         pct = 100 * nbytes / (us * 1e3) / copy_gbps
-        print(f"| {us:.1f} | {pct:.0f} | {stages} | {per_sm} | {err:.1e} |")
+        print(f"| {us:.1f} | {pct:.0f} | {config.block_n} | {config.stages} | {config.ctas_per_sm} | {err:.1e} |")
 
 
 def precompile() -> None:
     for fmt in cutlass_mla.FP8_FORMATS:
-        for stages, per_sm in CONFIGS:
-            if fits(fmt, stages, per_sm):
-                for dtype in cutlass_mla.fp8_query_dtypes(fmt)[:1]:
-                    print(cutlass_mla.fp8_split_kernel(dtype, fmt, stages).compile("sm_90a"))
+        for config in CONFIGS:
+            if cutlass_mla.fp8_config_fits(fmt, config):
+                print(cutlass_mla.fp8_split_kernel(torch.bfloat16, fmt, config).compile("sm_90a"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="64x4096x16,128x8192x16")
     parser.add_argument("--formats", default="fp8,fp8_ds_mla")
-    parser.add_argument("--configs", default=",".join(f"{s}x{p}" for s, p in CONFIGS), help="stages x CTAs/SM, ...")
+    parser.add_argument(
+        "--configs", default=",".join("x".join(map(str, c)) for c in CONFIGS), help="tokens x stages x CTAs/SM, ..."
+    )
     parser.add_argument("--precompile", action="store_true")
     args = parser.parse_args()
     if args.precompile:
         precompile()
         return
-    configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
+    configs = [Config(*map(int, c.split("x"))) for c in args.configs.split(",")]
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s")
     for text in args.shapes.split(","):

@@ -77,9 +77,9 @@ def test_every_variant_is_listed_for_precompile() -> None:
     import tilegym.ops.cutlass as backend
 
     names = sorted(k.instance_name for k in backend.all_kernels())
-    stages, ds_stages = cutlass_mla.FP8_CONFIGS["fp8"][0], cutlass_mla.FP8_CONFIGS["fp8_ds_mla"][0]
-    fp8 = [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {stages}>" for c in ("__half", "__nv_bfloat16")]
-    fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds_stages}>")  # fp8_ds_mla: bf16 queries only
+    fp8, ds = (", ".join(map(str, cutlass_mla.FP8_CONFIGS[f])) for f in ("fp8", "fp8_ds_mla"))
+    fp8 = [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {fp8}>" for c in ("__half", "__nv_bfloat16")]
+    fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}>")  # fp8_ds_mla: bf16 queries only
     assert names == sorted(
         [
             *(

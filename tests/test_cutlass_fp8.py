@@ -74,9 +74,11 @@ def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
     """2 stages of (64 tokens x 576 B) + the f16 query [16, 576] + four warps' float32 partial scores
     [16, 64] + 2 x 64 token offset triples + the row scales (fp8); fp8_ds_mla: stages of 64 x 656 B,
     f16 latent query + bf16 rope query."""
+    config = cutlass_mla.Fp8Config(block_n=64, stages=2, ctas_per_sm=2)
     rest = 4 * 16 * 64 * 4 + 2 * 64 * 24 + 16 * 4
-    assert cutlass_mla.fp8_shared_bytes("fp8", 2) == 2 * 64 * 576 + 16 * 576 * 2 + rest
-    assert cutlass_mla.fp8_shared_bytes("fp8_ds_mla", 2) == 2 * 64 * 656 + 16 * 576 * 2 + rest
+    assert cutlass_mla.fp8_shared_bytes("fp8", config) == 2 * 64 * 576 + 16 * 576 * 2 + rest
+    assert cutlass_mla.fp8_shared_bytes("fp8_ds_mla", config) == 2 * 64 * 656 + 16 * 576 * 2 + rest
+    assert cutlass_mla.fp8_config_fits("fp8", config) and not cutlass_mla.fp8_config_fits("fp8_ds_mla", config)
 
 
 # ----------------------------------------------------------------------------------------- GPU parity

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -51,23 +52,37 @@ FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX_QUERY_ROWS = 16  # the mma M: one CTA holds every query row
 FP8_THREADS = 128
-# Per format: (KV blocks in shared memory: kStages - 1 in flight while one is read, CTAs per SM).
-# Two CTAs per SM measured fastest where they fit (benchmarks/sweep_cutlass_fp8.py); fp8_ds_mla's
-# larger stages leave room for one CTA per SM only.
-FP8_CONFIGS = {"fp8": (2, 2), FP8_DS_MLA: (3, 1)}
+
+
+class Fp8Config(NamedTuple):
+    """Tiling of the fp8 kernel: tokens per KV block, blocks in shared memory (stages - 1 in flight
+    while one is read), CTAs per SM (the kernel's register budget follows from it)."""
+
+    block_n: int
+    stages: int
+    ctas_per_sm: int
+
+
+# Per format, from benchmarks/sweep_cutlass_fp8.py on the H200.
+FP8_CONFIGS = {"fp8": Fp8Config(64, 2, 2), FP8_DS_MLA: Fp8Config(64, 3, 1)}
 SHARED_PER_SM = 228 * 1024  # Hopper: shared memory per SM (each CTA also reserves 1 KB)
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
 CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
 
 
-def fp8_shared_bytes(kv_format: str, stages: int) -> int:
+def fp8_shared_bytes(kv_format: str, config: Fp8Config) -> int:
     """Dynamic shared memory of the fp8 kernel (mirrors its ``Tiles`` and trailing buffers)."""
     rope, scales = (64, 0) if kv_format == "fp8" else (128, 16)
-    stage = TOKENS_PER_BLOCK * (HEAD_DIM + rope + scales)
+    stage = config.block_n * (HEAD_DIM + rope + scales)
     query = 16 * (HEAD_DIM + ROPE_DIM) * 2 if kv_format == "fp8" else 16 * HEAD_DIM * 2 + 16 * ROPE_DIM * 2
-    partials = 4 * 16 * 64 * 4  # each warp's partial scores [16, 64] float32
-    offsets = stages * TOKENS_PER_BLOCK * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
-    return stages * stage + query + partials + offsets + 16 * 4
+    partials = 4 * 16 * config.block_n * 4  # each warp's partial scores [16, block_n] float32
+    offsets = config.stages * config.block_n * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
+    return config.stages * stage + query + partials + offsets + 16 * 4
+
+
+def fp8_config_fits(kv_format: str, config: Fp8Config) -> bool:
+    """Whether ``config.ctas_per_sm`` CTAs fit in an SM's shared memory (each also reserves 1 KB)."""
+    return config.ctas_per_sm * (fp8_shared_bytes(kv_format, config) + 1024) <= SHARED_PER_SM
 
 
 @functools.cache
@@ -86,10 +101,10 @@ def combine_kernel(dtype: torch.dtype) -> CudaKernel:
 
 
 @functools.cache
-def fp8_split_kernel(dtype: torch.dtype, kv_format: str, stages: int | None = None) -> CudaKernel:
+def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | None = None) -> CudaKernel:
     """The fp8-cache split kernel for ``dtype`` queries and ``kv_format`` ("fp8" or "fp8_ds_mla"),
-    with ``stages`` KV blocks in shared memory (default: the format's config)."""
-    stages = FP8_CONFIGS[kv_format][0] if stages is None else stages
+    tiled by ``config`` (default: the format's)."""
+    config = FP8_CONFIGS[kv_format] if config is None else config
     ctype = C_TYPES[dtype]
     pointers = (
         *(f"const {ctype}*",) * 2,
@@ -100,7 +115,8 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, stages: int | None = No
         "float*",
         "float*",
     )
-    return CudaKernel(FP8_HEADER, FP8_KERNEL, (ctype, FP8_FORMATS[kv_format], stages), (*pointers, *FP8_SPLIT_PARAMS))
+    template = (ctype, FP8_FORMATS[kv_format], *config)  # kTokens, kStages, kCtasPerSm
+    return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
 def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
@@ -217,12 +233,13 @@ class CutlassDecodePlan:
     rows_per_cta = ROWS_PER_CTA
     threads = THREADS
     programs_per_sm = 1
+    block_n = TOKENS_PER_BLOCK
 
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
         groups = cdiv(call.query_rows, self.rows_per_cta)
         shape = schedule_shape(
-            call, block_n=TOKENS_PER_BLOCK, programs_per_sm=self.programs_per_sm, head_groups=groups, min_blocks=1
+            call, block_n=self.block_n, programs_per_sm=self.programs_per_sm, head_groups=groups, min_blocks=1
         )
         self.schedule = s = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
@@ -315,20 +332,19 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     rows_per_cta = FP8_MAX_QUERY_ROWS
     threads = FP8_THREADS
 
-    def __init__(self, call: MLADecodeCall, stages: int | None = None, programs_per_sm: int | None = None) -> None:
-        """``stages`` and ``programs_per_sm`` other than the format's config: benchmarks/sweep_cutlass_fp8.py."""
-        default_stages, default_per_sm = FP8_CONFIGS[call.kv_format]
-        self.stages = default_stages if stages is None else stages
-        self.programs_per_sm = default_per_sm if programs_per_sm is None else programs_per_sm
-        if self.programs_per_sm * (fp8_shared_bytes(call.kv_format, self.stages) + 1024) > SHARED_PER_SM:
-            raise ValueError(f"{self.stages} stages x {self.programs_per_sm} CTAs per SM exceed the shared memory")
+    def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
+        """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
+        self.config = FP8_CONFIGS[call.kv_format] if config is None else config
+        if not fp8_config_fits(call.kv_format, self.config):
+            raise ValueError(f"{self.config} does not fit in an SM's shared memory")
+        self.block_n, self.programs_per_sm = self.config.block_n, self.config.ctas_per_sm
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:
-        return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.stages)
+        return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.config)
 
     def _shared_bytes(self) -> int:
-        return fp8_shared_bytes(self.call.kv_format, self.stages)
+        return fp8_shared_bytes(self.call.kv_format, self.config)
 
     def _cache_strides(self) -> tuple[int, ...]:
         call = self.call

@@ -8,14 +8,15 @@
 // columns), bf16 rope (bf16 queries only).
 //
 // One CTA of 128 threads (4 warps) = one piece of the schedule (tilegym/ops/schedule.py), several
-// CTAs per SM. It walks the batch rows its piece meets and, for each, the row's 64-token KV blocks
-// [lo, hi) inside the piece (same segments, work slots and causal rule as the wgmma kernel):
-//   loads   cp.async, kStages - 1 blocks ahead, per block:
-//             latent fp8 [64, 512] 32 KB; rope [64, 64] fp8 4 KB (bf16 8 KB); scales [64, 4] 1 KB.
+// CTAs per SM. It walks the batch rows its piece meets and, for each, the row's KV blocks of kTokens
+// (64 or 32) tokens [lo, hi) inside the piece (same segments, work slots and causal rule as the
+// wgmma kernel):
+//   loads   cp.async, kStages - 1 blocks ahead, per block (N = kTokens):
+//             latent fp8 [N, 512] (N / 2 KB); rope [N, 64] fp8 (bf16); scales [N, 4] float32.
 //           Each token's byte offsets (page lookup) are computed once, kStages blocks ahead, by one
 //           thread into a small table in shared memory.
-//   warp w  partial S[16 rows, 64 tokens] over its quarter of the 576 columns: latent columns
-//           128w .. 128w + 127 and one 16-column k-step of the rope (mma m16n8k16, 8 n-tiles x 9
+//   warp w  partial S[16 rows, N tokens] over its quarter of the 576 columns: latent columns
+//           128w .. 128w + 127 and one 16-column k-step of the rope (mma m16n8k16, N / 8 n-tiles x 9
 //           k-steps, each k-step's query fragment read once by ldmatrix). K's bytes
 //           are widened exactly to f16 in registers (cvt e4m3x2 -> f16x2); the query was rescaled
 //           per row by a power of two into f16 (exact), its columns permuted so that one 16-byte K
@@ -23,7 +24,7 @@
 //           it scales its partial per token before adding its bf16 rope k-step.
 //   CTA     the four partials meet in shared memory; every warp adds them up and runs the same
 //           online softmax, so P stays in registers as the next mma's A fragments.
-//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma m16n8k16, 4 k-steps x 16 n-tiles.
+//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma m16n8k16, N / 16 k-steps x 16 n-tiles.
 //           Two tokens' bytes are interleaved (prmt) and widened, so each register holds one column
 //           of two tokens (kDsMla: times their f16 scales of group w); the n-tiles are permuted:
 //           n-tile j, column n of the mma <-> latent column 128w + 16n + j.
@@ -48,13 +49,14 @@ namespace tilegym_fp8 {
 inline constexpr int kD = 512;        // latent columns (K's first D, all of V)
 inline constexpr int kP = 64;         // rope columns
 inline constexpr int kRows = 16;      // query rows per CTA (the mma M)
-inline constexpr int kTokens = 64;    // KV tokens per block
 inline constexpr int kThreads = 128;  // 4 warps
 inline constexpr int kPerTensor = 0, kDsMla = 1;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-template <int kFormat>
+// kTokens: KV tokens per block (64 or 32); kNt = its 8-token n-tiles (QK), kKs = its 16-token k-steps (PV).
+template <int kFormat, int kTokens>
 struct Tiles {
+  static constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
   static constexpr int kRopeBytes = kFormat == kPerTensor ? kP : 2 * kP;  // per token
   static constexpr int kRopeChunks = kRopeBytes / 16;
   static constexpr int kScaleBytes = kFormat == kPerTensor ? 0 : 16;  // per token
@@ -184,13 +186,13 @@ __device__ __forceinline__ TokenOffsets locate(const TokenRows& rows, int pos) {
 
 // cp.async of one block into a stage from its offset table. Latent: thread t takes tokens t / 8 + 16 i
 // and chunks t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
-template <int kFormat>
+template <int kFormat, int kTokens>
 __device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffsets* table, const unsigned char* kv,
                                            const unsigned char* kpe, const unsigned char* scales) {
-  using L = Tiles<kFormat>;
+  using L = Tiles<kFormat, kTokens>;
   const int tid = threadIdx.x;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kTokens / 16; ++i) {
     const int t = (tid >> 3) + 16 * i;
     const long long off = table[t].lat;
     const unsigned char* src = kv + (off < 0 ? 0 : off);
@@ -217,8 +219,8 @@ __device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffs
 
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kStages>
-__global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
+template <typename T, int kFormat, int kTokens, int kStages, int kCtasPerSm>
+__global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const unsigned char* __restrict__ kv,
     const unsigned char* __restrict__ kpe, const unsigned char* __restrict__ scales,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
@@ -229,12 +231,13 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     long long qpe_sq, long long qpe_sh, long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1,
     long long sc_s0, long long sc_s1, long long table_sb, float qk_scale_log2) {
   using namespace tilegym_fp8;
-  using L = Tiles<kFormat>;
+  using L = Tiles<kFormat, kTokens>;
+  constexpr int kNt = L::kNt;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* q16 = smem + kStages * L::kStage;  // [16, kQCols] f16, scaled and permuted
   unsigned char* qpe16 = q16 + L::kQBytes;           // [16, 64] bf16 (kDsMla), permuted
-  float4* partials = reinterpret_cast<float4*>(qpe16 + L::kQpeBytes);  // [4 warps, 8 n-tiles, 32 lanes]
-  TokenOffsets* offsets = reinterpret_cast<TokenOffsets*>(partials + 4 * 8 * 32);  // [kStages, 64]
+  float4* partials = reinterpret_cast<float4*>(qpe16 + L::kQpeBytes);  // [4 warps, kNt n-tiles, 32 lanes]
+  TokenOffsets* offsets = reinterpret_cast<TokenOffsets*>(partials + 4 * kNt * 32);  // [kStages, kTokens]
   float* q_unscale = reinterpret_cast<float*>(offsets + kStages * kTokens);       // [16]: 2^-shift per row
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (first_blk + s < end_blk) load_block<kFormat>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
+      if (first_blk + s < end_blk) load_block<kFormat, kTokens>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
       commit_async_copies();
     }
 
@@ -364,27 +367,27 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
       }
       if (blk + kStages - 1 < end_blk) {
         const int s = (i + kStages - 1) % kStages;
-        load_block<kFormat>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
+        load_block<kFormat, kTokens>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
       }
       commit_async_copies();
       if (tid < kTokens && blk + kStages < end_blk) {
         offsets[(i % kStages) * kTokens + tid] = locate(rows, (blk + kStages) * kTokens + tid);
       }
 
-      // This warp's partial S over its columns, all 64 tokens (n-tile nt: tokens 8 nt .. 8 nt + 7).
-      float sp[8][4] = {};
+      // This warp's partial S over its columns, all kTokens tokens (n-tile nt: tokens 8 nt .. 8 nt + 7).
+      float sp[kNt][4] = {};
       uint32_t a[4];
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         const int j = 2 * warp + jj;
-        uint4 kw[8];
+        uint4 kw[kNt];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) kw[nt] = *reinterpret_cast<const uint4*>(stage + k_base[jj] + kD * 8 * nt);
+        for (int nt = 0; nt < kNt; ++nt) kw[nt] = *reinterpret_cast<const uint4*>(stage + k_base[jj] + kD * 8 * nt);
 #pragma unroll
         for (int t4 = 0; t4 < 4; ++t4) {
           ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * (4 * j + t4) + lm_col, L::kQCols * 2));
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
+          for (int nt = 0; nt < kNt; ++nt) {
             uint32_t b0, b1;
             fp8x4_to_half2x2((&kw[nt].x)[t4], b0, b1);
             mma_f16(sp[nt], a, b0, b1);
@@ -394,7 +397,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
       if constexpr (kFormat == kPerTensor) {
         ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * rope_ks + lm_col, L::kQCols * 2));
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {  // rope k-step w: word w of the lane's rope chunk
+        for (int nt = 0; nt < kNt; ++nt) {  // rope k-step w: word w of the lane's rope chunk
           uint32_t b0, b1;
           fp8x4_to_half2x2(*reinterpret_cast<const uint32_t*>(stage + rope_base + 8 * kP * nt), b0, b1);
           mma_f16(sp[nt], a, b0, b1);
@@ -403,7 +406,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         ldmatrix_x4(a, qpe16 + q_offset(lm_row, 16 * rope_ks + lm_col, kP * 2));
         // Scale group w's partial per token, then add the rope k-step w (bf16, unscaled query).
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
+        for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const float group_scale = *reinterpret_cast<const float*>(stage + scale_base + 16 * (8 * nt + (k & 1)));
@@ -414,16 +417,16 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        partials[(warp * 8 + nt) * 32 + lane] = make_float4(sp[nt][0], sp[nt][1], sp[nt][2], sp[nt][3]);
+      for (int nt = 0; nt < kNt; ++nt) {
+        partials[(warp * kNt + nt) * 32 + lane] = make_float4(sp[nt][0], sp[nt][1], sp[nt][2], sp[nt][3]);
       }
       __syncthreads();  // every warp's partial is written
 #pragma unroll
       for (int other = 1; other < 4; ++other) {
         const int w2 = (warp + other) & 3;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const float4 v = partials[(w2 * 8 + nt) * 32 + lane];
+        for (int nt = 0; nt < kNt; ++nt) {
+          const float4 v = partials[(w2 * kNt + nt) * 32 + lane];
           sp[nt][0] += v.x;
           sp[nt][1] += v.y;
           sp[nt][2] += v.z;
@@ -432,10 +435,10 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
       }
 
       // Mask (only a block that reaches a row's limit), the block's row maxima of the raw scores
-      // (quad shuffles: every warp has all 64 tokens); the score scale (> 0) goes into exp2's FMA.
+      // (quad shuffles: every warp has every token); the score scale (> 0) goes into exp2's FMA.
       if ((blk + 1) * kTokens > unmasked_end) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
+        for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const int pos = blk * kTokens + 8 * nt + 2 * quad + (k & 1);
@@ -445,7 +448,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
       }
       float bmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) bmax[k >> 1] = fmaxf(bmax[k >> 1], sp[nt][k]);
       }
@@ -462,9 +465,9 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
         l[h] *= alpha[h];
       }
       // P = exp2(S - m) in f16 as A fragments: k-step ks takes n-tiles 2 ks (a0, a1) and 2 ks + 1 (a2, a3).
-      uint32_t pf[4][4];
+      uint32_t pf[L::kKs][4];
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float p0 = exp2f(fmaf(sp[nt][2 * h], sf[h], -m_safe[h]));
@@ -486,7 +489,7 @@ __global__ void __launch_bounds__(128) mla_decode_fp8_split_kernel(
 
       // O[:, 128 warp ..] += P . V: the lane reads tokens 16 ks + {2q, 2q + 1, 2q + 8, 2q + 9}.
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
+      for (int ks = 0; ks < L::kKs; ++ks) {
         uint4 vw[4];
         float vs[4];
 #pragma unroll
