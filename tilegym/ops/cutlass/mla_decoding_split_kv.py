@@ -64,7 +64,7 @@ class Fp8Config(NamedTuple):
 
 
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200.
-FP8_CONFIGS = {"fp8": Fp8Config(64, 2, 2), FP8_DS_MLA: Fp8Config(64, 3, 1)}
+FP8_CONFIGS = {"fp8": Fp8Config(64, 2, 2), FP8_DS_MLA: Fp8Config(32, 2, 3)}
 SHARED_PER_SM = 228 * 1024  # Hopper: shared memory per SM (each CTA also reserves 1 KB)
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
 CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
