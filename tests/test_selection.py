@@ -293,7 +293,7 @@ def test_explain_fallback_says_why(table, on_arch):
 def test_explain_main_on_the_committed_h200_table(capsys):
     assert selection.explain_main(["--shape", "64,4096,16", "--kv-dtype", "fp8", "--arch", "sm_90"]) == 0
     text = capsys.readouterr().out
-    assert "auto picks tilecpp" in text and "rows_per_kv<=16/batch<=128/length<=8192/dense/fp8" in text
+    assert "auto picks cutlass" in text and "rows_per_kv<=16/batch<=128/length<=8192/dense/fp8" in text
     assert selection.explain_main(["--shape", "4,1024,16,1", "--arch", "sm_90"]) == 0
     text = capsys.readouterr().out
     report = json.loads((ROOT / "benchmarks/results/deepseek/mla_decoding_split_kv_deepseek_bf16.json").read_text())
