@@ -188,3 +188,19 @@ def test_graph_replay_reads_kv_scale_from_the_device() -> None:
         torch.cuda.synchronize()
         expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=scale)
         check(out, lse, expected, tolerances, f"{seed} (scale x{factor})")
+
+
+@pytest.mark.gpu
+def test_a_per_tensor_scale_needs_no_alignment() -> None:
+    """kv_scale is one float read on the device: a view 4 bytes into a buffer works (only the cache
+    rows are copied in 16-byte chunks)."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(4, 16, 300, kv_dtype=FP8, device="cuda", generator=generator)
+    scale = torch.zeros(4, dtype=torch.float32, device="cuda")[1:2]
+    scale.copy_(x.kv_scale)
+    assert scale.data_ptr() % 16
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=scale, return_lse=True, backend=BACKEND)
+    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
+    tolerances = (output_tolerance(OP, BACKEND, torch.bfloat16, "fp8"), lse_tolerance(OP, BACKEND, "fp8"))
+    check(out, lse, expected, tolerances, seed)

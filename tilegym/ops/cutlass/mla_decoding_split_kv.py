@@ -356,10 +356,11 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         pointers = (kv.data_ptr(), kpe.data_ptr(), kv_scale.data_ptr())
-        if any(p % CACHE_ALIGN for p in pointers):
+        copied = pointers if self.call.kv_format == FP8_DS_MLA else pointers[:2]  # a per-tensor scale is one float
+        if any(p % CACHE_ALIGN for p in copied):
             raise ValueError(
-                f"cutlass's {self.call.kv_format} kernel needs kv, kpe and the scales on {CACHE_ALIGN}-byte "
-                f"boundaries, got addresses {[hex(p) for p in pointers]}"
+                f"cutlass's {self.call.kv_format} kernel needs kv and kpe (and fp8_ds_mla's scales) on "
+                f"{CACHE_ALIGN}-byte boundaries, got addresses {[hex(p) for p in copied]}"
             )
         return pointers
 
