@@ -72,12 +72,13 @@ CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
 
 def fp8_shared_bytes(kv_format: str, config: Fp8Config) -> int:
     """Dynamic shared memory of the fp8 kernel (mirrors its ``Tiles`` and trailing buffers)."""
-    rope, scales = (64, 0) if kv_format == "fp8" else (128, 16)
+    rows, warps = FP8_MAX_QUERY_ROWS, FP8_THREADS // 32
+    rope, scales = (ROPE_DIM, 0) if kv_format == "fp8" else (2 * ROPE_DIM, 16)  # bytes per token
     stage = config.block_n * (HEAD_DIM + rope + scales)
-    query = 16 * (HEAD_DIM + ROPE_DIM) * 2 if kv_format == "fp8" else 16 * HEAD_DIM * 2 + 16 * ROPE_DIM * 2
-    partials = 4 * 16 * config.block_n * 4  # each warp's partial scores [16, block_n] float32
+    query = rows * (HEAD_DIM + ROPE_DIM) * 2  # f16 query (fp8); f16 latent + bf16 rope (fp8_ds_mla)
+    partials = warps * rows * config.block_n * 4  # each warp's partial scores, float32
     offsets = config.stages * config.block_n * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
-    return config.stages * stage + query + partials + offsets + 16 * 4
+    return config.stages * stage + query + partials + offsets + rows * 4  # + the row scales
 
 
 def fp8_config_fits(kv_format: str, config: Fp8Config) -> bool:
