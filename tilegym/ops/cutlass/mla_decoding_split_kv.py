@@ -171,10 +171,10 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
             f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
         ]
     reasons = []
-    for name in ("kv", "kpe", "kv_scale"):
-        t = getattr(call, name)
-        if name == "kv_scale" and fmt == "fp8":
-            continue
+    copied = {"kv": call.kv, "kpe": call.kpe}  # a per-tensor kv_scale is one float, read as such
+    if fmt == FP8_DS_MLA:
+        copied = {"kv's values": call.kv, "kv's rope": call.kpe, "kv's scales": call.kv_scale}
+    for name, t in copied.items():
         if t.data_ptr() % CACHE_ALIGN or any(st * t.element_size() % CACHE_ALIGN for st in t.stride()[:-1]):
             reasons.append(
                 f"cutlass needs {name} rows on {CACHE_ALIGN}-byte boundaries (pointer and strides), "
