@@ -70,6 +70,21 @@ def test_fp8_ds_mla_is_a_format_the_backend_declares() -> None:
     assert cutlass_mla.supports(mxfp4) == ["cutlass does not implement the mxfp4 KV cache"]
 
 
+def test_cache_rows_off_16_byte_boundaries_are_refused_with_a_reason() -> None:
+    x = make_mla_inputs(2, 16, 64, kv_dtype=FP8)
+    wide = torch.zeros(2, 64, 520, dtype=torch.uint8).view(FP8)  # rows of 520 bytes: not a multiple of 16
+    wide[..., :512] = x.kv
+    call = validate_mla_decoding(x.q, x.qpe, wide[..., :512], x.kpe, kv_scale=x.kv_scale)
+    reasons = cutlass_mla.supports(call)
+    assert len(reasons) == 1 and "kv rows on 16-byte boundaries" in reasons[0] and "(33280, 520, 1)" in reasons[0]
+    packed = pack_cache(make_mla_inputs(2, 16, 64), "fp8_ds_mla").kv
+    shifted = torch.zeros(packed.numel() + 4, dtype=torch.uint8)[4:].view(packed.shape)  # 4 bytes off
+    shifted.copy_(packed)
+    call = validate_mla_decoding(x.q, x.qpe, shifted, None, kv_cache_format="fp8_ds_mla")
+    reasons = cutlass_mla.supports(call)
+    assert [r.split(" rows")[0] for r in reasons] == [f"cutlass needs kv's {p}" for p in ("values", "rope", "scales")]
+
+
 def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
     """2 stages of (64 tokens x 576 B) + the f16 query [16, 576] + four warps' float32 partial scores
     [16, 64] + 2 x 64 token offset triples + the row scales (fp8); fp8_ds_mla: stages of 64 x 656 B,
