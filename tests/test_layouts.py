@@ -10,7 +10,6 @@ through its emulation on CPU tensors.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +19,8 @@ from tilegym.backend import BackendUnavailableError, backend_names
 from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
 from tilegym.testing import (
     REL_L2_TOLERANCE,
+    assert_matches_float64,
+    fresh_generator,
     make_mla_inputs,
     mla_decode_float64,
     relative_error,
@@ -29,11 +30,6 @@ from tilegym.testing import (
 
 LSE_ATOL = 1e-3
 BACKENDS = backend_names()
-
-
-def fresh_generator() -> tuple[torch.Generator, int]:
-    seed = int.from_bytes(os.urandom(4), "little")
-    return torch.Generator().manual_seed(seed), seed
 
 
 @contextlib.contextmanager
@@ -56,13 +52,8 @@ def edge_lengths(page_size: int, seq_len: int) -> list[int]:
 
 
 def check(out, lse, expected, expected_lse, dtype, seed) -> None:
-    assert bool(torch.isfinite(out).all()), f"non-finite output (a read past a row?), seed {seed}"
-    err = relative_error(out, expected)
-    assert err <= REL_L2_TOLERANCE[dtype], f"rel. L2 error {err:.2e}, seed {seed}"
-    lse = lse.detach().cpu().double()
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(expected_lse)), f"empty rows: lse -inf, seed {seed}"
-    finite = torch.isfinite(expected_lse)
-    assert (lse[finite] - expected_lse[finite]).abs().max() <= LSE_ATOL, f"lse, seed {seed}"
+    rel_tol = REL_L2_TOLERANCE[dtype]
+    assert_matches_float64(out, lse, expected, expected_lse, rel_tol=rel_tol, lse_atol=LSE_ATOL, seed=seed)
 
 
 CPU_PAGE_CASES = [(1, 16, 40), (16, 16, 80), (64, 16, 160)]  # (page_size, heads, seq_len)

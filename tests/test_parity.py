@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from tilegym.bench import fp8_dtype
 from tilegym.ops import mla_decoding_split_kv, splitk_reduce
 from tilegym.ops.accuracy import lse_tolerance
 from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
-from tilegym.testing import MLAInputs, make_mla_inputs, relative_error
+from tilegym.testing import MLAInputs, fresh_generator, make_mla_inputs, relative_error
 
 # splitk_reduce: inputs are exact, so only the rounding of the output remains.
 
@@ -129,12 +128,6 @@ def runnable(backend: str, device: torch.device) -> Iterator[None]:
             yield
         except BackendUnavailableError as exc:
             pytest.skip(f"{backend}: {exc}")
-
-
-def fresh_generator() -> tuple[torch.Generator, int]:
-    """A generator with a fresh seed (reported on failure) so every run draws new inputs."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    return torch.Generator().manual_seed(seed), seed
 
 
 def case_inputs(case: Case, generator: torch.Generator) -> MLAInputs:

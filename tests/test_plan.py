@@ -6,7 +6,16 @@ import pytest
 import torch
 
 import tilegym
-from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error, to_pages
+from tilegym.backend import backend_unavailable_reasons
+from tilegym.ops.accuracy import lse_tolerance, output_tolerance
+from tilegym.testing import (
+    assert_matches_float64,
+    fresh_generator,
+    make_mla_inputs,
+    mla_decode_float64,
+    relative_error,
+    to_pages,
+)
 
 B, H, S, D, P = 3, 16, 96, 64, 16
 
@@ -119,3 +128,39 @@ def test_unplanned_calls_reuse_a_cached_plan_that_follows_kv_lens():
     other = x.kv_lens.clone()
     run(x.q, x.qpe, x.kv, x.kpe, kv_lens=other, backend="triton")
     assert len(PLAN_CACHE._plans) == 2, "another kv_lens tensor is another plan"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("backend", "heads"), [("triton", 16), ("tilecpp", 16), ("tilecpp", 128), ("cutlass", 16)])
+def test_graph_replay_reads_kv_scale_from_the_device(backend: str, heads: int) -> None:
+    """Capture a planned fp8 call, change kv_scale in place, replay: the output follows the new
+    scale (the kernels read it from its pointer: no host copy baked into a plan or a graph)."""
+    reasons = backend_unavailable_reasons(backend)
+    if reasons or not torch.cuda.is_available():
+        pytest.skip(f"{backend} cannot run here: {reasons or 'no CUDA GPU'}")
+    generator, seed = fresh_generator()
+    fp8 = torch.float8_e4m3fn
+    x = make_mla_inputs(8, heads, 2048, dtype=torch.bfloat16, kv_dtype=fp8, device="cuda", generator=generator)
+    x.kv_lens = torch.randint(1, 2049, (8,), generator=generator, dtype=torch.int32).cuda()
+    out = torch.full_like(x.q, float("nan"))
+    plan = tilegym.plan_mla_decoding(
+        x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, return_lse=True, backend=backend
+    )
+    tilegym.mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale, out=out, plan=plan)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = tilegym.mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale, out=out, plan=plan)
+    op = "mla_decoding_split_kv"
+    tolerances = {
+        "rel_tol": output_tolerance(op, backend, torch.bfloat16, fp8),
+        "lse_atol": lse_tolerance(op, backend, fp8),
+    }
+    for factor in (1.0, 0.25, 3.0):
+        scale = x.kv_scale.clone() * factor
+        x.kv_scale.copy_(scale)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=scale)
+        assert_matches_float64(out, lse, *expected, **tolerances, seed=f"{seed} (scale x{factor})")

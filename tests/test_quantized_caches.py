@@ -11,8 +11,6 @@ a row must not read. Triton runs in its interpreter on CPU; GPU-marked cases run
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -23,6 +21,8 @@ from tilegym.ops.contract import validate_mla_decoding
 from tilegym.quant import pack_fp8_ds_mla, quantize_mxfp4, round_query_mxfp8
 from tilegym.testing import (
     REL_L2_TOLERANCE,
+    assert_matches_float64,
+    fresh_generator,
     make_mla_inputs,
     mla_decode_float64,
     pack_cache,
@@ -36,26 +36,13 @@ FORMATS = ["fp8_ds_mla", "mxfp4"]
 BACKENDS = ["torch", "triton"]
 
 
-def fresh_generator() -> tuple[torch.Generator, int]:
-    seed = int.from_bytes(os.urandom(4), "little")
-    return torch.Generator().manual_seed(seed), seed
-
-
 def expected(x, cache, *, causal: bool, round_query: bool):
     q = round_query_mxfp8(x.q) if round_query else x.q
     return mla_decode_float64(q, x.qpe, cache.latent, cache.rope, kv_lens=x.kv_lens, causal=causal)
 
 
 def check(out, lse, reference, rel_tol: float, lse_tol: float, seed: int) -> None:
-    ref_out, ref_lse = reference
-    assert bool(torch.isfinite(out).all()), f"non-finite output (a read past a row?), seed {seed}"
-    err = relative_error(out, ref_out)
-    assert err <= rel_tol, f"rel. L2 error {err:.2e} > {rel_tol:.1e}, seed {seed}"
-    lse = lse.detach().cpu().double()
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), f"empty rows must give lse -inf, seed {seed}"
-    finite = torch.isfinite(ref_lse)
-    worst = (lse[finite] - ref_lse[finite]).abs().max().item()
-    assert worst <= lse_tol, f"lse error {worst:.2e} > {lse_tol:.1e}, seed {seed}"
+    assert_matches_float64(out, lse, *reference, rel_tol=rel_tol, lse_atol=lse_tol, seed=seed)
 
 
 def run_and_check(backend: str, fmt: str, x, layout: str, page_size: int, causal: bool, generator, seed) -> None:

@@ -6,6 +6,7 @@ independent of every backend (the ``torch`` backend included).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -298,3 +299,33 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     denom = expected.norm().item()
     diff = (actual - expected).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+def fresh_generator() -> tuple[torch.Generator, int]:
+    """A generator with a fresh seed (report it on failure) so every run draws new inputs."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    return torch.Generator().manual_seed(seed), seed
+
+
+def assert_matches_float64(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    expected: torch.Tensor,
+    expected_lse: torch.Tensor,
+    *,
+    rel_tol: float,
+    lse_atol: float,
+    seed: object,
+) -> None:
+    """Check a decode's output and lse against the float64 oracle: finite output (a read past a row
+    shows up as NaN), rel. L2 error within ``rel_tol``, lse -inf exactly on the empty rows and within
+    ``lse_atol`` elsewhere. ``seed`` goes into every message."""
+    assert bool(torch.isfinite(out).all()), f"non-finite output (a read past a row?), seed {seed}"
+    err = relative_error(out, expected)
+    assert err <= rel_tol, f"rel. L2 error {err:.2e} > {rel_tol:.1e}, seed {seed}"
+    lse = lse.detach().cpu().double()
+    expected_lse = expected_lse.detach().cpu().double()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(expected_lse)), f"empty rows: lse -inf, seed {seed}"
+    finite = torch.isfinite(expected_lse)
+    worst = (lse[finite] - expected_lse[finite]).abs().max().item() if bool(finite.any()) else 0.0
+    assert worst <= lse_atol, f"lse error {worst:.2e} > {lse_atol:.1e}, seed {seed}"

@@ -44,6 +44,8 @@
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
+#include "common.cuh"
+
 namespace tilegym_cute {
 
 using namespace cute;
@@ -110,16 +112,9 @@ struct alignas(1024) SharedStorage {
   float red[2][kRows];  // per-warpgroup row max (per block) or row sum (at the end)
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int bytes = valid ? 16 : 0;  // 0: no read, the chunk is zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wait_async_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using tilegym_cutlass::commit_async_copies;
+using tilegym_cutlass::cp_async16;
+using tilegym_cutlass::wait_async_copies;
 // Generic-proxy writes (cp.async, st.shared) become visible to wgmma (async proxy) after this fence
 // and a barrier.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -215,24 +210,14 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     const long long slot = piece + b;
     const int len = lens[b];
 
-    const int* table_row = table;
-    if (paged) {
-      if (ragged) {
-        int s = indptr[b];
-        s = s < 0 ? 0 : (s > num_indices ? num_indices : s);
-        table_row = table + s;
-      } else {
-        table_row = table + b * table_sb;
-      }
-    }
+    const int* table_row = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
     auto token_rows = [&](int blk) {
       return [=](int i) {
         const int pos = blk * kTokens + i;
         if (pos >= len) return RowPair<T>{nullptr, nullptr};
         long long lat_off, rope_off;
         if (paged) {
-          int page = table_row[pos / page_size];
-          page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+          const long long page = tilegym_cutlass::page_of(table_row, pos, page_size, num_pages);
           const long long in_page = pos % page_size;
           lat_off = page * kv_s0 + in_page * kv_s1;
           rope_off = page * kpe_s0 + in_page * kpe_s1;

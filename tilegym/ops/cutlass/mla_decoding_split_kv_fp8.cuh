@@ -44,6 +44,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common.cuh"
+
 namespace tilegym_fp8 {
 
 inline constexpr int kD = 512;        // latent columns (K's first D, all of V)
@@ -103,15 +105,9 @@ __device__ __forceinline__ int bf16_k_slot(int d) {
   return 16 * (2 * u + ((r >> 2) & 1)) + 8 * ((r >> 1) & 1) + 2 * (r >> 3) + (r & 1);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wait_async_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using tilegym_cutlass::commit_async_copies;
+using tilegym_cutlass::cp_async16;
+using tilegym_cutlass::wait_async_copies;
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* smem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -124,9 +120,6 @@ __device__ __forceinline__ void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, ui
   asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
       : "=r"(lo), "=r"(hi)
       : "r"(word));
-}
-__device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
-  return __byte_perm(x, y, selector);
 }
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -148,41 +141,29 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
 __device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
-
-// Where a token's bytes live (byte offsets from kv, kpe, scales), or that it is past the row.
-struct TokenRows {
-  const int* table_row;
-  long long b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1;
-  int len, paged, page_size, num_pages;
-  __device__ __forceinline__ bool locate(int pos, long long& lat, long long& rope, long long& scale) const {
-    if (pos >= len) return false;
-    long long outer = b, inner = pos;
-    if (paged) {
-      int page = table_row[pos / page_size];
-      outer = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
-      inner = pos % page_size;
-    }
-    lat = outer * kv_s0 + inner * kv_s1;
-    rope = outer * kpe_s0 + inner * kpe_s1;
-    scale = outer * sc_s0 + inner * sc_s1;
-    return true;
-  }
-};
 
 // Byte offsets of one token's latent, rope and scales (-1: past the row), kStages blocks ahead.
 struct TokenOffsets {
   long long lat, rope, scale;
 };
 
-__device__ __forceinline__ TokenOffsets locate(const TokenRows& rows, int pos) {
-  long long lat, rope, scale;
-  if (!rows.locate(pos, lat, rope, scale)) return {-1, -1, -1};
-  return {lat, rope, scale};
-}
+// Where a batch row's tokens live: byte strides of kv, kpe and the scales (batch/page, token).
+struct TokenRows {
+  const int* pages;
+  long long b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1;
+  int len, paged, page_size, num_pages;
+  __device__ __forceinline__ TokenOffsets locate(int pos) const {
+    if (pos >= len) return {-1, -1, -1};
+    long long outer = b, inner = pos;
+    if (paged) {
+      outer = tilegym_cutlass::page_of(pages, pos, page_size, num_pages);
+      inner = pos % page_size;
+    }
+    return {outer * kv_s0 + inner * kv_s1, outer * kpe_s0 + inner * kpe_s1, outer * sc_s0 + inner * sc_s1};
+  }
+};
 
 // cp.async of one block into a stage from its offset table. Latent: thread t takes tokens t / 8 + 16 i
 // and chunks t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
@@ -260,23 +241,15 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     if (lo >= hi) continue;
     const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;
-    TokenRows rows{table, b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1, lens[b], paged, page_size, num_pages};
-    if (paged) {
-      if (ragged) {
-        int s = indptr[b];
-        s = s < 0 ? 0 : (s > num_indices ? num_indices : s);
-        rows.table_row = table + s;
-      } else {
-        rows.table_row = table + b * table_sb;
-      }
-    }
+    const int* pages = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
+    const TokenRows rows{pages, b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1, lens[b], paged, page_size, num_pages};
     const int first_blk = lo - row_begin, end_blk = hi - row_begin;
 
     __syncthreads();  // the previous segment is done with every buffer
     if (tid < kTokens) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        if (first_blk + s < end_blk) offsets[s * kTokens + tid] = locate(rows, (first_blk + s) * kTokens + tid);
+        if (first_blk + s < end_blk) offsets[s * kTokens + tid] = rows.locate((first_blk + s) * kTokens + tid);
       }
     }
     __syncthreads();
@@ -301,7 +274,7 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int c = sub + 8 * i;
-        x[i] = live ? to_float(c < kD ? q_row[c] : qpe_row[c - kD]) : 0.f;
+        x[i] = live ? static_cast<float>(c < kD ? q_row[c] : qpe_row[c - kD]) : 0.f;
         amax = fmaxf(amax, fabsf(x[i]));
       }
 #pragma unroll
@@ -371,7 +344,7 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
       }
       commit_async_copies();
       if (tid < kTokens && blk + kStages < end_blk) {
-        offsets[(i % kStages) * kTokens + tid] = locate(rows, (blk + kStages) * kTokens + tid);
+        offsets[(i % kStages) * kTokens + tid] = rows.locate((blk + kStages) * kTokens + tid);
       }
 
       // This warp's partial S over its columns, all kTokens tokens (n-tile nt: tokens 8 nt .. 8 nt + 7).
@@ -508,8 +481,8 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
             // Bytes (col c, token a), (c, a + 1), (c + 1, a), (c + 1, a + 1) for columns 4 w4 + 2 half + {0, 1}.
             const uint32_t sel = half ? 0x7362u : 0x5140u;
             uint32_t b0_lo, b0_hi, b1_lo, b1_hi;
-            fp8x4_to_half2x2(byte_perm(x0, x1, sel), b0_lo, b0_hi);
-            fp8x4_to_half2x2(byte_perm(x2, x3, sel), b1_lo, b1_hi);
+            fp8x4_to_half2x2(__byte_perm(x0, x1, sel), b0_lo, b0_hi);
+            fp8x4_to_half2x2(__byte_perm(x2, x3, sel), b1_lo, b1_hi);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               uint32_t b0 = e ? b0_hi : b0_lo, b1 = e ? b1_hi : b1_lo;

@@ -1,0 +1,37 @@
+// Shared helpers of the cutlass backend's kernels (mla_decoding_split_kv.cuh, the wgmma kernel, and
+// mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies and the page lookup of the split
+// schedule's cache layouts.
+#pragma once
+
+namespace tilegym_cutlass {
+
+// 16 bytes global -> shared without registers; valid = false reads nothing and zero-fills the chunk
+// (gmem must still be a valid address).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_async_copies() {  // all but the N newest groups have landed
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Batch row b's page list: a block-table row (paged), or kv_indices[kv_indptr[b]:] (ragged, the
+// start clamped to the list). Unused for dense caches.
+__device__ __forceinline__ const int* page_list(const int* table, const int* indptr, int b, int paged, int ragged,
+                                                int num_indices, long long table_sb) {
+  if (!paged) return table;
+  if (!ragged) return table + b * table_sb;
+  int s = indptr[b];
+  s = s < 0 ? 0 : (s > num_indices ? num_indices : s);
+  return table + s;
+}
+
+// The page holding position pos of a row, clamped to [0, num_pages): no read leaves the cache.
+__device__ __forceinline__ int page_of(const int* pages, int pos, int page_size, int num_pages) {
+  const int page = pages[pos / page_size];
+  return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+}
+
+}  // namespace tilegym_cutlass
