@@ -24,8 +24,8 @@ from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
 Config = cutlass_mla.Fp8Config
-# (tokens per block, stages, CTAs per SM)
-CONFIGS = [Config(64, 2, 2), Config(64, 3, 1), Config(64, 4, 1), Config(32, 2, 3), Config(32, 3, 2), Config(32, 4, 2)]
+# (stages, CTAs per SM, k-steps per score accumulator)
+CONFIGS = [Config(2, 2, 4), Config(2, 2, 2), Config(2, 2, 1), Config(2, 2, 18), Config(3, 1, 4)]
 
 
 def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
@@ -38,16 +38,16 @@ def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
     return {"q": x.q, "qpe": x.qpe, **cache.op_kwargs()}, x, cache
 
 
-def expected(x, cache) -> torch.Tensor:
+def expected(x, cache) -> tuple[torch.Tensor, torch.Tensor]:
     if cache is None:
-        return mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)[0]
-    return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope)[0]
+        return mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
+    return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope)
 
 
 def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> None:
     sets = [inputs(shape, fmt, seed) for seed in range(ROTATING_SETS)]
     calls = [validate_mla_decoding(**s[0]) for s in sets]
-    reference = expected(*sets[0][1:])
+    reference, reference_lse = expected(*sets[0][1:])
     nbytes = traffic_bytes(shape, shape.batch * shape.seq_len, kv_bytes_per_token(fmt))
     rows = []
     for config in configs:
@@ -58,15 +58,21 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> No
         for call in calls:
             out = torch.empty_like(call.out)
             runs.append(lambda c=call, o=out, p=plan: p.run(c.q, c.qpe, c.kv, c.kpe, c.kv_scale, o, None) or o)
-        err = relative_error(runs[0]().clone().reshape(reference.shape), reference)
+        check = validate_mla_decoding(**sets[0][0], return_lse=True)
+        out, lse = torch.empty_like(check.out), torch.empty(reference_lse.shape, device="cuda")
+        check_plan = cutlass_mla.CutlassFp8DecodePlan(check, config)
+        check_plan.run(check.q, check.qpe, check.kv, check.kpe, check.kv_scale, out, lse)
+        err = relative_error(out.reshape(reference.shape), reference)
+        lse_err = (lse.cpu().double() - reference_lse).abs().max().item()
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
-        rows.append((us, config, err))
+        rows.append((us, config, err, lse_err))
     print(f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_CONFIGS[fmt]})")
-    print("| us | % copy BW | tokens/block | stages | CTAs/SM | rel. L2 vs float64 |")
-    print("|---|---|---|---|---|---|")
-    for us, config, err in sorted(rows):
+    print("| us | % copy BW | stages | CTAs/SM | k-steps per accumulator | rel. L2 vs float64 | lse max abs error |")
+    print("|---|---|---|---|---|---|---|")
+    for us, config, err, lse_err in sorted(rows):
         pct = 100 * nbytes / (us * 1e3) / copy_gbps
-        print(f"| {us:.1f} | {pct:.0f} | {config.block_n} | {config.stages} | {config.ctas_per_sm} | {err:.1e} |")
+        fields = f"{config.stages} | {config.ctas_per_sm} | {config.chunk}"
+        print(f"| {us:.1f} | {pct:.0f} | {fields} | {err:.1e} | {lse_err:.1e} |")
 
 
 def precompile() -> None:
@@ -81,7 +87,9 @@ def main() -> None:
     parser.add_argument("--shapes", default="64x4096x16,128x8192x16")
     parser.add_argument("--formats", default="fp8,fp8_ds_mla")
     parser.add_argument(
-        "--configs", default=",".join("x".join(map(str, c)) for c in CONFIGS), help="tokens x stages x CTAs/SM, ..."
+        "--configs",
+        default=",".join("x".join(map(str, c)) for c in CONFIGS),
+        help="stages x CTAs/SM x k-steps per accumulator, ...",
     )
     parser.add_argument("--precompile", action="store_true")
     args = parser.parse_args()

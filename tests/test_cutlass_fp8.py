@@ -81,14 +81,18 @@ def test_cache_rows_off_16_byte_boundaries_are_refused_with_a_reason() -> None:
 
 
 def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
-    """2 stages of (64 tokens x 576 B) + the f16 query [16, 576] + four warps' float32 partial scores
-    [16, 64] + 2 x 64 token offset triples + the row scales (fp8); fp8_ds_mla: stages of 64 x 656 B,
-    f16 latent query + bf16 rope query."""
-    config = cutlass_mla.Fp8Config(block_n=64, stages=2, ctas_per_sm=2)
-    rest = 4 * 16 * 64 * 4 + 2 * 64 * 24 + 16 * 4
-    assert cutlass_mla.fp8_shared_bytes("fp8", config) == 2 * 64 * 576 + 16 * 576 * 2 + rest
-    assert cutlass_mla.fp8_shared_bytes("fp8_ds_mla", config) == 2 * 64 * 656 + 16 * 576 * 2 + rest
-    assert cutlass_mla.fp8_config_fits("fp8", config) and not cutlass_mla.fp8_config_fits("fp8_ds_mla", config)
+    """1 KB alignment pad + 2 stages of (64 tokens x 576 B) + the query as e4m3 parts (2 x 16 rows
+    for bf16, 3 x 16 for fp16) + S [16, 72] float32 + 2 x 64 token offset triples + the row scales;
+    fp8_ds_mla: stages of 64 x 656 B, e4m3 latent parts + the bf16 rope query [16, 64]."""
+    config = cutlass_mla.Fp8Config(stages=2, ctas_per_sm=2)
+    rest = 1024 + 16 * 72 * 4 + 2 * 64 * 24 + 16 * 4
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert cutlass_mla.fp8_shared_bytes("fp8", config, bf16) == 2 * 64 * 576 + 32 * 576 + rest
+    assert cutlass_mla.fp8_shared_bytes("fp8", config, fp16) == 2 * 64 * 576 + 48 * 576 + rest
+    assert cutlass_mla.fp8_shared_bytes("fp8_ds_mla", config, bf16) == 2 * 64 * 656 + 32 * 512 + 16 * 128 + rest
+    fitting = [("fp8", bf16), ("fp8", fp16), ("fp8_ds_mla", bf16)]
+    assert all(cutlass_mla.fp8_config_fits(fmt, config, dtype) for fmt, dtype in fitting)
+    assert not cutlass_mla.fp8_config_fits("fp8", cutlass_mla.Fp8Config(stages=3, ctas_per_sm=2))
 
 
 # ----------------------------------------------------------------------------------------- GPU parity
@@ -177,3 +181,42 @@ def test_a_per_tensor_scale_needs_no_alignment() -> None:
     out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=scale, return_lse=True, backend=BACKEND)
     expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
     check(out, lse, expected, "fp8", torch.bfloat16, seed)
+
+
+@pytest.mark.gpu
+def test_queries_off_4_byte_boundaries() -> None:
+    """q and qpe as views one element into their buffers: the query is read in 2-byte elements, not
+    in the 4-byte pairs the kernel uses for aligned rows."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(3, 16, 500, kv_dtype=FP8, device="cuda", generator=generator)
+    q = torch.empty(*x.q.shape[:-1], x.q.shape[-1] + 1, dtype=x.q.dtype, device="cuda")[..., 1:]
+    qpe = torch.empty(*x.qpe.shape[:-1], x.qpe.shape[-1] + 1, dtype=x.qpe.dtype, device="cuda")[..., 1:]
+    q.copy_(x.q)
+    qpe.copy_(x.qpe)
+    assert q.data_ptr() % 4 and qpe.data_ptr() % 4
+    out, lse = mla_decoding_split_kv(q, qpe, x.kv, x.kpe, kv_scale=x.kv_scale, return_lse=True, backend=BACKEND)
+    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
+    check(out, lse, expected, "fp8", torch.bfloat16, seed)
+
+
+FAR_SCALES = [(torch.bfloat16, -20), (torch.bfloat16, 20), (torch.float16, -8), (torch.float16, 8)]
+
+
+@pytest.mark.parametrize(("dtype", "exponent"), FAR_SCALES, ids=str)
+@pytest.mark.gpu
+def test_queries_far_from_unit_scale(dtype, exponent) -> None:
+    """The query is staged per row as e4m3 parts (largest value 448) after a power-of-two scale: a
+    query 2^exponent times larger, with sm_scale 2^-exponent times smaller (the same scores), must
+    match float64 like unit queries do (fp16: +-8 stays finite)."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(3, 16, 700, dtype=dtype, kv_dtype=FP8, device="cuda", generator=generator)
+    factor = 2.0**exponent
+    q, qpe = (x.q.float() * factor).to(dtype), (x.qpe.float() * factor).to(dtype)
+    sm_scale = 576**-0.5 / factor
+    out, lse = mla_decoding_split_kv(
+        q, qpe, x.kv, x.kpe, kv_scale=x.kv_scale, sm_scale=sm_scale, return_lse=True, backend=BACKEND
+    )
+    expected = mla_decode_float64(q, qpe, x.kv, x.kpe, sm_scale, kv_scale=x.kv_scale)
+    check(out, lse, expected, "fp8", dtype, seed)

@@ -5,9 +5,9 @@ one piece; a segment that is a whole row writes the final output, the others flo
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma): bf16/fp16 caches, CTAs of 256 threads per
     (piece, 64-row query group), 1-128 query rows;
-  - ``mla_decoding_split_kv_fp8.cuh`` (mma.sync): the fp8 caches (per-tensor ``fp8`` and
-    ``fp8_ds_mla``) at up to 16 query rows, where decoding is bound by the cache bytes; CTAs of
-    128 threads, several per SM.
+  - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V): the fp8
+    caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query rows, where decoding is bound
+    by the cache bytes; CTAs of 128 threads, several per SM.
 Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
 zeroes empty rows. Variants: the dtypes and cache format only; layout (dense, paged, ragged, any
 page size), sizes, strides, lengths and the schedule are runtime arguments, so a new shape never
@@ -50,40 +50,49 @@ FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
 FP8_KERNEL = "mla_decode_fp8_split_kernel"
 FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX_QUERY_ROWS = 16  # the mma M: one CTA holds every query row
+FP8_MAX_QUERY_ROWS = 16  # one CTA holds every query row (the N of the scores' wgmma, per part)
 FP8_THREADS = 128
 
 
 class Fp8Config(NamedTuple):
-    """Tiling of the fp8 kernel: tokens per KV block, blocks in shared memory (stages - 1 in flight
-    while one is read), CTAs per SM (the kernel's register budget follows from it)."""
+    """Pipeline of the fp8 kernel: blocks in shared memory (stages - 1 in flight while one is read)
+    and CTAs per SM (the kernel's register budget follows from it)."""
 
-    block_n: int
     stages: int
     ctas_per_sm: int
+    chunk: int = 4  # fp8: k-steps (32 columns) per fresh score accumulator, summed in float32
 
 
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200.
-FP8_CONFIGS = {"fp8": Fp8Config(64, 2, 2), FP8_DS_MLA: Fp8Config(32, 2, 3)}
+FP8_CONFIGS = {"fp8": Fp8Config(2, 2), FP8_DS_MLA: Fp8Config(2, 2)}
+FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
 SHARED_PER_SM = 228 * 1024  # Hopper: shared memory per SM (each CTA also reserves 1 KB)
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
 CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
+TILE_ALIGN = 1024  # wgmma's swizzled tiles start on 1 KB boundaries: the kernel rounds its base up
 
 
-def fp8_shared_bytes(kv_format: str, config: Fp8Config) -> int:
-    """Dynamic shared memory of the fp8 kernel (mirrors its ``Tiles`` and trailing buffers)."""
-    rows, warps = FP8_MAX_QUERY_ROWS, FP8_THREADS // 32
+def fp8_query_parts(dtype: torch.dtype) -> int:
+    """e4m3 parts of the staged query that hold ``dtype`` exactly (4 significant bits each)."""
+    return 3 if dtype == torch.float16 else 2
+
+
+def fp8_shared_bytes(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Dynamic shared memory of the fp8 kernel for ``dtype`` queries (mirrors its ``Tiles`` and
+    trailing buffers)."""
+    rows, n = FP8_MAX_QUERY_ROWS, FP8_BLOCK_N
     rope, scales = (ROPE_DIM, 0) if kv_format == "fp8" else (2 * ROPE_DIM, 16)  # bytes per token
-    stage = config.block_n * (HEAD_DIM + rope + scales)
-    query = rows * (HEAD_DIM + ROPE_DIM) * 2  # f16 query (fp8); f16 latent + bf16 rope (fp8_ds_mla)
-    partials = warps * rows * config.block_n * 4  # each warp's partial scores, float32
-    offsets = config.stages * config.block_n * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
-    return config.stages * stage + query + partials + offsets + rows * 4  # + the row scales
+    stage = n * (HEAD_DIM + rope + scales)
+    parts = rows * fp8_query_parts(dtype)  # staged query rows: the e4m3 parts
+    query = parts * HEAD_DIM + (parts * ROPE_DIM if kv_format == "fp8" else rows * ROPE_DIM * 2)
+    scores = rows * (n + 8) * 4  # S [16, 64 + 8 padding], float32
+    offsets = config.stages * n * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
+    return TILE_ALIGN + config.stages * stage + query + scores + offsets + rows * 4  # + the row scales
 
 
-def fp8_config_fits(kv_format: str, config: Fp8Config) -> bool:
+def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether ``config.ctas_per_sm`` CTAs fit in an SM's shared memory (each also reserves 1 KB)."""
-    return config.ctas_per_sm * (fp8_shared_bytes(kv_format, config) + 1024) <= SHARED_PER_SM
+    return config.ctas_per_sm * (fp8_shared_bytes(kv_format, config, dtype) + 1024) <= SHARED_PER_SM
 
 
 @functools.cache
@@ -116,7 +125,7 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
         "float*",
         "float*",
     )
-    template = (ctype, FP8_FORMATS[kv_format], *config)  # kTokens, kStages, kCtasPerSm
+    template = (ctype, FP8_FORMATS[kv_format], *config)  # kStages, kCtasPerSm, kChunk
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
@@ -336,16 +345,16 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
         """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
         self.config = FP8_CONFIGS[call.kv_format] if config is None else config
-        if not fp8_config_fits(call.kv_format, self.config):
+        if not fp8_config_fits(call.kv_format, self.config, call.q.dtype):
             raise ValueError(f"{self.config} does not fit in an SM's shared memory")
-        self.block_n, self.programs_per_sm = self.config.block_n, self.config.ctas_per_sm
+        self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:
         return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.config)
 
     def _shared_bytes(self) -> int:
-        return fp8_shared_bytes(self.call.kv_format, self.config)
+        return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype)
 
     def _cache_strides(self) -> tuple[int, ...]:
         call = self.call

@@ -1,37 +1,35 @@
-// MLA decoding over a split schedule from an fp8 KV cache, plain CUDA C++ (mma.sync) for sm_90a,
-// for up to 16 query rows per KV read: the memory-bound case (16 heads x 1 new token, or fewer
-// heads x several new tokens), where the 64-row wgmma of mla_decoding_split_kv.cuh would waste
-// three quarters of its work and the cache bytes decide the time.
+// MLA decoding over a split schedule from an fp8 KV cache, CUDA C++ for sm_90a, for up to 16 query
+// rows per KV read: the memory-bound case (16 heads x 1 new token, or fewer heads x several new
+// tokens), where the 64-row wgmma kernel of mla_decoding_split_kv.cuh would waste three quarters of
+// its work and the cache bytes decide the time.
 //
 // Formats (kFormat): kPerTensor = float8_e4m3fn latent and rope, one float32 scale for the whole
 // cache; kDsMla = DeepSeek's 656-byte token: e4m3 latent, 4 float32 scales (one per 128 latent
 // columns), bf16 rope (bf16 queries only).
 //
-// One CTA of 128 threads (4 warps) = one piece of the schedule (tilegym/ops/schedule.py), several
-// CTAs per SM. It walks the batch rows its piece meets and, for each, the row's KV blocks of kTokens
-// (64 or 32) tokens [lo, hi) inside the piece (same segments, work slots and causal rule as the
+// One CTA of 128 threads (one warpgroup) = one piece of the schedule (tilegym/ops/schedule.py),
+// several CTAs per SM. It walks the batch rows its piece meets and, for each, the row's KV blocks of
+// kTokens = 64 tokens [lo, hi) inside the piece (same segments, work slots and causal rule as the
 // wgmma kernel):
-//   loads   cp.async, kStages - 1 blocks ahead, per block (N = kTokens):
-//             latent fp8 [N, 512] (N / 2 KB); rope [N, 64] fp8 (bf16); scales [N, 4] float32.
-//           Each token's byte offsets (page lookup) are computed once, kStages blocks ahead, by one
-//           thread into a small table in shared memory.
-//   warp w  partial S[16 rows, N tokens] over its quarter of the 576 columns: latent columns
-//           128w .. 128w + 127 and one 16-column k-step of the rope (mma m16n8k16, N / 8 n-tiles x 9
-//           k-steps, each k-step's query fragment read once by ldmatrix). K's bytes
-//           are widened exactly to f16 in registers (cvt e4m3x2 -> f16x2); the query was rescaled
-//           per row by a power of two into f16 (exact), its columns permuted so that one 16-byte K
-//           load per lane feeds four k-steps. kDsMla: the warp's columns are one scale group, so
-//           it scales its partial per token before adding its bf16 rope k-step.
-//   CTA     the four partials meet in shared memory; every warp adds them up and runs the same
-//           online softmax, so P stays in registers as the next mma's A fragments.
-//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma m16n8k16, N / 16 k-steps x 16 n-tiles.
-//           Two tokens' bytes are interleaved (prmt) and widened, so each register holds one column
-//           of two tokens (kDsMla: times their f16 scales of group w); the n-tiles are permuted:
-//           n-tile j, column n of the mma <-> latent column 128w + 16n + j.
+//   loads   cp.async, kStages - 1 blocks ahead, per block: latent fp8 [64, 512] (32 KB), rope
+//           [64, 64] fp8 (4 KB; kDsMla bf16, 8 KB), kDsMla scales [64, 4] float32 (1 KB), into
+//           wgmma's swizzled K-major tiles. Each token's byte offsets (page lookup) are computed
+//           once, kStages blocks ahead, by one thread into a small table in shared memory.
+//   scores  S^T [64 tokens, 16 rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
+//           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 x kParts): the query is staged per row, scaled by
+//           a power of two, as kParts e4m3 parts whose sum is the query exactly (2 parts hold any
+//           bf16 value, 3 any fp16 value, within e4m3's exponent range: elements more than 2^9 below
+//           the row's largest lose low bits). kDsMla: one accumulator per 128-column scale group,
+//           scaled per token, plus the bf16 rope by bf16 wgmma (m64n16k16).
+//   CTA     S^T goes through shared memory [16, 64]; every warp reads all of it as S [16, 64] and runs
+//           the same online softmax, so P stays in registers as the next mma's A fragments.
+//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma.sync m16n8k16, 4 k-steps x 16
+//           n-tiles. Two tokens' bytes are interleaved (prmt) and widened exactly to f16 (cvt
+//           e4m3x2 -> f16x2), so each register holds one column of two tokens (kDsMla: times their
+//           f16 scales of group w = warp w's columns); the n-tiles are permuted: n-tile j, column n
+//           of the mma <-> latent column 128w + 16n + j.
 //   O lives in registers (64 floats per thread), the running max and row sums too. Two barriers
-//   per block: the stage has landed, and the partials are written.
-// Shared-memory tiles are XOR-swizzled by 16-byte chunk so that the K loads (two tokens x 64 B per
-// 8 lanes), the V loads (four tokens x 32 B) and ldmatrix of the query hit distinct banks.
+//   per block: the stage has landed, and S^T is written.
 //
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
 //   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per token when
@@ -50,70 +48,117 @@ namespace tilegym_fp8 {
 
 inline constexpr int kD = 512;        // latent columns (K's first D, all of V)
 inline constexpr int kP = 64;         // rope columns
-inline constexpr int kRows = 16;      // query rows per CTA (the mma M)
-inline constexpr int kThreads = 128;  // 4 warps
+inline constexpr int kRows = 16;      // query rows per CTA
+inline constexpr int kTokens = 64;    // KV tokens per block (the wgmma M)
+inline constexpr int kThreads = 128;  // one warpgroup
 inline constexpr int kPerTensor = 0, kDsMla = 1;
 inline constexpr float kLn2 = 0.6931471805599453f;
+inline constexpr int kSRow = kTokens + 8;  // floats per row of the S exchange (padding: fewer bank conflicts)
 
-// kTokens: KV tokens per block (64 or 32); kNt = its 8-token n-tiles (QK), kKs = its 16-token k-steps (PV).
-template <int kFormat, int kTokens>
+// e4m3 parts of the staged query: enough significant bits (4 each) for the query dtype's.
+template <typename T>
+inline constexpr int kParts = 2;  // bf16: 8 significant bits
+template <>
+inline constexpr int kParts<__half> = 3;  // fp16: 11
+
+// Byte offsets of a block's stage and of the staged query. Swizzled K-major tiles as wgmma reads
+// them: 128-byte rows in 8-row atoms of 1 KB (128-byte swizzle), or 64-byte rows in atoms of 512 B
+// (64-byte swizzle, the fp8 rope).
+template <int kFormat, typename T>
 struct Tiles {
-  static constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
   static constexpr int kRopeBytes = kFormat == kPerTensor ? kP : 2 * kP;  // per token
-  static constexpr int kRopeChunks = kRopeBytes / 16;
-  static constexpr int kScaleBytes = kFormat == kPerTensor ? 0 : 16;  // per token
-  static constexpr int kLat = 0;
+  static constexpr int kLat = 0;                                          // 4 atoms [64 tokens, 128 B]
   static constexpr int kRope = kTokens * kD;
-  static constexpr int kScale = kRope + kTokens * kRopeBytes;
-  static constexpr int kStage = kScale + kTokens * kScaleBytes;
-  // The query in f16 (scaled): the latent, and with kPerTensor the rope too (one dot of 576).
-  static constexpr int kQCols = kFormat == kPerTensor ? kD + kP : kD;
-  static constexpr int kQBytes = kRows * kQCols * 2;
-  static constexpr int kQpeBytes = kFormat == kPerTensor ? 0 : kRows * kP * 2;  // bf16 rope query
+  static constexpr int kScale = kRope + kTokens * kRopeBytes;             // [64 tokens, 16 B], kDsMla
+  static constexpr int kStage = kScale + (kFormat == kPerTensor ? 0 : kTokens * 16);
+  static constexpr int kN = 16 * kParts<T>;                               // rows of the staged query
+  static constexpr int kQLat = 0;                                         // 4 atoms [kN rows, 128 B]
+  static constexpr int kQRope = kN * kD;  // kPerTensor: [kN, 64 B] e4m3; kDsMla: bf16 [16, 128 B]
+  static constexpr int kQBytes = kQRope + (kFormat == kPerTensor ? kN * kP : kRows * 2 * kP);
 };
 
-// Byte offset of 16-byte chunk c of token row t in a latent tile: XOR swizzle of the chunk's low 3 bits.
-// K loads: 8 lanes read tokens t, t + 1 (t even) x chunks 4j .. 4j + 3 -> opposite halves of the banks;
-// V loads: 8 lanes read tokens {2q + c} (q = 0..3, c fixed) x chunks 8w + {2p, 2p + 1} -> 4 distinct pairs.
-__device__ __forceinline__ int lat_offset(int t, int c) {
-  const int h = (t & 6) ^ ((t & 1) << 2);
-  return t * kD + ((c ^ h) << 4);
-}
+// Row r, 16-byte chunk c of a 128-byte-swizzled tile (rows of 128 B) / a 64-byte-swizzled tile.
+__device__ __forceinline__ int swizzle128(int r, int c) { return ((r >> 3) << 10) + ((r & 7) << 7) + ((c ^ (r & 7)) << 4); }
+__device__ __forceinline__ int swizzle64(int r, int c) { return ((r >> 3) << 9) + ((r & 7) << 6) + ((c ^ ((r & 7) >> 1)) << 4); }
+// Chunk c (0..31) of row r of a latent tile with `rows` rows: 128-column atom c / 8.
+__device__ __forceinline__ int lat_offset(int r, int c, int rows) { return (c >> 3) * rows * 128 + swizzle128(r, c & 7); }
 template <int kFormat>
-__device__ __forceinline__ int rope_offset(int t, int c) {
-  if constexpr (kFormat == kPerTensor) {
-    return t * kP + ((c ^ ((t >> 1) & 3)) << 4);  // 4-byte reads of 8 tokens x 4 chunks: 32 banks
-  } else {
-    return t * 2 * kP + ((c ^ ((t & 1) << 2)) << 4);
-  }
-}
-// Query tiles [16 rows, cols] of 2-byte elements, ldmatrix-friendly swizzle.
-__device__ __forceinline__ int q_offset(int row, int col, int row_bytes) {
-  return row * row_bytes + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
-}
-// Where query column d goes in the staged tile (k-step ks = slot / 16, mma column kk = slot % 16),
-// so that one 16-byte K load per lane feeds the mma: lane quad q of k-step ks reads the K bytes
-//   fp8 (latent, then the fp8 rope as a ninth 64-column block): 64 (ks / 4) + 16 q + 4 (ks % 4) + [0, 4)
-//     -> kk = 2 q + {0, 1} (first two bytes), 8 + 2 q + {0, 1} (last two);
-//   bf16 rope: elements 32 (ks / 2) + 8 q + 4 (ks % 2) + [0, 4), in the same kk order.
-__device__ __forceinline__ int fp8_k_slot(int d) {
-  const int j = d >> 6, r = d & 63;
-  return 16 * (4 * j + ((r >> 2) & 3)) + 8 * ((r >> 1) & 1) + 2 * (r >> 4) + (r & 1);
-}
-__device__ __forceinline__ int bf16_k_slot(int d) {
-  const int u = d >> 5, r = d & 31;
-  return 16 * (2 * u + ((r >> 2) & 1)) + 8 * ((r >> 1) & 1) + 2 * (r >> 3) + (r & 1);
+__device__ __forceinline__ int rope_offset(int r, int c) {
+  return kFormat == kPerTensor ? swizzle64(r, c) : swizzle128(r, c);
 }
 
 using tilegym_cutlass::commit_async_copies;
 using tilegym_cutlass::cp_async16;
 using tilegym_cutlass::wait_async_copies;
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* smem) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
+
+// ---- wgmma (sm_90a) -----------------------------------------------------------------------------
+// Shared-memory matrix descriptor of a K-major swizzled tile: start address, 8-row-group stride
+// (1 KB for 128-byte rows, 512 B for 64-byte rows), swizzle mode (1 = 128 B, 2 = 64 B). at(offset)
+// moves the start by a byte offset (a multiple of 16 inside shared memory: the 14-bit address field
+// never carries), one integer add per wgmma.
+struct TileDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ uint64_t at(int offset) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + static_cast<uint32_t>(offset >> 4));
+  }
+};
+__device__ __forceinline__ TileDesc tile_desc(uint32_t smem_addr, int group_stride, int mode) {
+  return {((smem_addr & 0x3FFFF) >> 4) | (1u << 16), static_cast<uint32_t>(group_stride >> 4) | (static_cast<uint32_t>(mode) << 30)};
 }
+__device__ __forceinline__ TileDesc desc128(uint32_t smem_addr) { return tile_desc(smem_addr, 1024, 1); }
+__device__ __forceinline__ TileDesc desc64(uint32_t smem_addr) { return tile_desc(smem_addr, 512, 2); }
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// 2^x (MUFU, flushes denormal results to zero: weights below 2^-126 of the row's largest).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// Generic-proxy writes (cp.async, st.shared) become visible to wgmma after this fence and a barrier.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define TG_R8(o) "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7])
+// d [64, N] (+)= A [64, 32] . B [N, 32]^T, e4m3 x e4m3 -> f32; accumulate = false overwrites d.
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate);
+template <>
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : TG_R8(0), TG_R8(8)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<48>(float (&d)[24], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
+      : TG_R8(0), TG_R8(8), TG_R8(16)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+// d [64, 16] (+)= A [64, 16] . B [16, 16]^T, bf16 x bf16 -> f32, both K-major.
+__device__ __forceinline__ void wgmma_bf16_n16(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : TG_R8(0)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+#undef TG_R8
+
+// ---- mma.sync and conversions -------------------------------------------------------------------
 // Four e4m3 bytes -> two f16x2 (bytes 0, 1 -> lo; bytes 2, 3 -> hi), exact. The 32-bit word is split
 // into its halves by a move (no shifts).
 __device__ __forceinline__ void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
@@ -121,16 +166,20 @@ __device__ __forceinline__ void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, ui
       : "=r"(lo), "=r"(hi)
       : "r"(word));
 }
+// Two floats -> e4m3 bytes (a in the low byte), round to nearest, saturating.
+__device__ __forceinline__ uint32_t float2_to_e4m3x2(float a, float b) {
+  uint16_t packed;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(packed) : "f"(b), "f"(a));
+  return packed;
+}
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t packed) {
+  uint32_t h2;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}\n" : "=r"(h2) : "r"(packed));
+  return __half22float2(*reinterpret_cast<__half2*>(&h2));
+}
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -167,10 +216,11 @@ struct TokenRows {
 
 // cp.async of one block into a stage from its offset table. Latent: thread t takes tokens t / 8 + 16 i
 // and chunks t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
-template <int kFormat, int kTokens>
+template <int kFormat, typename T>
 __device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffsets* table, const unsigned char* kv,
                                            const unsigned char* kpe, const unsigned char* scales) {
-  using L = Tiles<kFormat, kTokens>;
+  using L = Tiles<kFormat, T>;
+  constexpr int kRopeChunks = L::kRopeBytes / 16;
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < kTokens / 16; ++i) {
@@ -180,13 +230,13 @@ __device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffs
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int c = (tid & 7) + 8 * j;
-      cp_async16(stage + L::kLat + lat_offset(t, c), src + 16 * c, off >= 0);
+      cp_async16(stage + L::kLat + lat_offset(t, c, kTokens), src + 16 * c, off >= 0);
     }
   }
 #pragma unroll
-  for (int k = 0; k < kTokens * L::kRopeChunks / kThreads; ++k) {
+  for (int k = 0; k < kTokens * kRopeChunks / kThreads; ++k) {
     const int i = tid + kThreads * k;
-    const int t = i / L::kRopeChunks, c = i % L::kRopeChunks;
+    const int t = i / kRopeChunks, c = i % kRopeChunks;
     const long long off = table[t].rope;
     cp_async16(stage + L::kRope + rope_offset<kFormat>(t, c), kpe + (off < 0 ? 0 : off + 16 * c), off >= 0);
   }
@@ -198,9 +248,71 @@ __device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffs
   }
 }
 
+// Stage the query rows of one batch row: thread t takes row t / 8, column pairs 16 i + 2 (t % 8).
+// The row is scaled by a power of two that puts its largest magnitude in [2^7, 2^8) and split into
+// kParts e4m3 parts (part p = row 16 p + r of the staged tile); kDsMla's rope stays bf16. Returns
+// nothing; writes q_unscale[r] = 2^-shift. Every load is issued before the first use.
+template <int kFormat, typename T>
+__device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale, const T* q_row, const T* qpe_row,
+                                            bool live) {
+  using L = Tiles<kFormat, T>;
+  constexpr int kCols = kFormat == kPerTensor ? kD + kP : kD;  // columns in e4m3 parts
+  constexpr int kPairs = kCols / 16;                            // column pairs per thread
+  const int row = threadIdx.x >> 3, sub = threadIdx.x & 7;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(q_row) | reinterpret_cast<uintptr_t>(qpe_row)) & 3) == 0;
+  float2 x[kPairs];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int c = 16 * i + 2 * sub;
+    if (live) {
+      const T* src = c < kD ? q_row + c : qpe_row + (c - kD);
+      if (aligned) {  // one 4-byte load per pair
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(src);
+        x[i] = make_float2(static_cast<float>(reinterpret_cast<const T*>(&word)[0]),
+                           static_cast<float>(reinterpret_cast<const T*>(&word)[1]));
+      } else {
+        x[i] = make_float2(static_cast<float>(src[0]), static_cast<float>(src[1]));
+      }
+    } else {
+      x[i] = make_float2(0.f, 0.f);
+    }
+    amax = fmaxf(amax, fmaxf(fabsf(x[i].x), fabsf(x[i].y)));
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+  const bool finite = amax > 0.f && amax <= 3.0e38f;
+  int exponent = 0;
+  if (finite) frexpf(amax, &exponent);
+  int shift = finite ? 8 - exponent : 0;
+  shift = shift > 100 ? 100 : (shift < -100 ? -100 : shift);
+  const float up = ldexpf(1.f, shift);
+  if (sub == 0) q_unscale[row] = ldexpf(1.f, -shift);
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int c = 16 * i + 2 * sub;  // byte c of the row: chunk c / 16, byte c % 16
+    float a = x[i].x * up, b = x[i].y * up;
+#pragma unroll
+    for (int p = 0; p < kParts<T>; ++p) {
+      const uint32_t packed = float2_to_e4m3x2(a, b);
+      const int r = row + 16 * p;
+      const int off = c < kD ? L::kQLat + lat_offset(r, c >> 4, L::kN) : L::kQRope + swizzle64(r, (c - kD) >> 4);
+      *reinterpret_cast<uint16_t*>(qs + off + (c & 15)) = static_cast<uint16_t>(packed);
+      const float2 part = e4m3x2_to_float2(packed);
+      a -= part.x;
+      b -= part.y;
+    }
+  }
+  if constexpr (kFormat == kDsMla) {  // bf16 rope [16, 64]: thread takes columns 8 sub .. 8 sub + 7
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (live) v = *reinterpret_cast<const uint4*>(qpe_row + 8 * sub);
+    *reinterpret_cast<uint4*>(qs + L::kQRope + swizzle128(row, sub)) = v;
+  }
+}
+
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kTokens, int kStages, int kCtasPerSm>
+template <typename T, int kFormat, int kStages, int kCtasPerSm, int kChunk>
 __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const unsigned char* __restrict__ kv,
     const unsigned char* __restrict__ kpe, const unsigned char* __restrict__ scales,
@@ -212,14 +324,16 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     long long qpe_sq, long long qpe_sh, long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1,
     long long sc_s0, long long sc_s1, long long table_sb, float qk_scale_log2) {
   using namespace tilegym_fp8;
-  using L = Tiles<kFormat, kTokens>;
-  constexpr int kNt = L::kNt;
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* q16 = smem + kStages * L::kStage;  // [16, kQCols] f16, scaled and permuted
-  unsigned char* qpe16 = q16 + L::kQBytes;           // [16, 64] bf16 (kDsMla), permuted
-  float4* partials = reinterpret_cast<float4*>(qpe16 + L::kQpeBytes);  // [4 warps, kNt n-tiles, 32 lanes]
-  TokenOffsets* offsets = reinterpret_cast<TokenOffsets*>(partials + 4 * kNt * 32);  // [kStages, kTokens]
-  float* q_unscale = reinterpret_cast<float*>(offsets + kStages * kTokens);       // [16]: 2^-shift per row
+  using L = Tiles<kFormat, T>;
+  constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
+  extern __shared__ unsigned char smem_raw[];
+  // wgmma's swizzle atoms need 1 KB alignment (the launch asks for 1 KB more than the tiles); the
+  // offset keeps the pointer in the shared space (shared loads, not generic ones).
+  unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  unsigned char* qs = smem + kStages * L::kStage;                                // staged query
+  float* s_x = reinterpret_cast<float*>(qs + L::kQBytes);                        // S [16, kSRow]
+  TokenOffsets* offsets = reinterpret_cast<TokenOffsets*>(s_x + kRows * kSRow);  // [kStages, kTokens]
+  float* q_unscale = reinterpret_cast<float*>(offsets + kStages * kTokens);      // [16]: 2^-shift per row
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
@@ -230,9 +344,6 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
   const int last_row = piece_rows[num_pieces + piece];
   // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
   const float kv_scale = kFormat == kPerTensor ? *reinterpret_cast<const float*>(scales) : 1.f;
-  // This warp's k-steps of the staged query: latent 64-column blocks 2w, 2w + 1 (four k-steps each),
-  // then one rope k-step (the fp8 rope is block 8 of the same tile; the bf16 rope its own tile).
-  const int rope_ks = kFormat == kPerTensor ? 32 + warp : warp;
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
@@ -255,56 +366,22 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (first_blk + s < end_blk) load_block<kFormat, kTokens>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
+      if (first_blk + s < end_blk) load_block<kFormat, T>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
       commit_async_copies();
     }
-
-    // Stage the query: thread t scales row t / 8 by a power of two that puts its largest magnitude
-    // in [2^13, 2^14) (exact in f16; the rope joins the latent's dot with kPerTensor). Every load
-    // is issued before the first use (one memory latency per segment, not one per element).
     {
-      const int row = tid >> 3, sub = tid & 7;
+      const int row = tid >> 3;
       const bool live = row < query_rows;
       const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
-      const T* q_row = q + b * q_sb + token * q_sq + head * q_sh;
-      const T* qpe_row = qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh;
-      constexpr int kPer = L::kQCols / 8;  // columns sub + 8 i of the row
-      float x[kPer];
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int c = sub + 8 * i;
-        x[i] = live ? static_cast<float>(c < kD ? q_row[c] : qpe_row[c - kD]) : 0.f;
-        amax = fmaxf(amax, fabsf(x[i]));
-      }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
-      const bool finite = amax > 0.f && amax <= 3.0e38f;
-      int exponent = 0;
-      if (finite) frexpf(amax, &exponent);
-      int shift = finite ? 14 - exponent : 0;
-      shift = shift > 100 ? 100 : (shift < -100 ? -100 : shift);
-      const float up = ldexpf(1.f, shift);
-      if (sub == 0) q_unscale[row] = ldexpf(1.f, -shift);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int c = sub + 8 * i;
-        *reinterpret_cast<__half*>(q16 + q_offset(row, fp8_k_slot(c), L::kQCols * 2)) = __float2half_rn(x[i] * up);
-      }
-      if constexpr (kFormat == kDsMla) {
-#pragma unroll
-        for (int i = 0; i < kP / 8; ++i) {
-          const int c = sub + 8 * i;
-          const T v = live ? qpe_row[c] : T(0.f);
-          *reinterpret_cast<T*>(qpe16 + q_offset(row, bf16_k_slot(c), kP * 2)) = v;
-        }
-      }
+      stage_query<kFormat, T>(qs, q_unscale, q + b * q_sb + token * q_sq + head * q_sh,
+                              qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live);
     }
 
     float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows g, g + 8
     float l[2] = {0.f, 0.f};              // this lane's share of their sums
     int limit[2];
-    float row_scale[2];  // kPerTensor: score scale of rows g, g + 8 (kDsMla scales per token instead)
+    float row_scale[2];  // kPerTensor: score scale of rows g, g + 8 (kDsMla scales S^T per token instead)
+    float col_unscale[4];  // kDsMla: q_unscale of the S^T columns this thread holds (rows 8 j + 2 quad + e)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = g + 8 * h;
@@ -313,97 +390,142 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     float acc[16][4];
 #pragma unroll
     for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    // ldmatrix addresses of this lane (matrix lane / 8: rows +8 for odd, columns +8 for >= 2).
-    const int lm_row = (lane & 7) + 8 * ((lane >> 3) & 1), lm_col = 8 * (lane >> 4);
-    // Stage offsets of this lane's loads (the swizzle depends on the token's low 3 bits only, so
-    // n-tile / k-step steps are constant strides): K of token 8 nt + g, chunk 4 (2w + jj) + quad;
-    // rope; V of token 16 ks + 2 quad + (r & 1) + 8 (r >> 1), chunk 8w + g; the scales.
-    int k_base[2], v_base[2];
+    // V of token 16 ks + 2 quad + (r & 1) + 8 (r >> 1), chunk g of atom w (tokens 8 apart are 1 KB
+    // apart); the scales (+ 16 (token - 2 quad)).
+    int v_base[2];
 #pragma unroll
-    for (int jj = 0; jj < 2; ++jj) k_base[jj] = L::kLat + lat_offset(g, 4 * (2 * warp + jj) + quad);
-#pragma unroll
-    for (int odd = 0; odd < 2; ++odd) v_base[odd] = L::kLat + lat_offset(2 * quad + odd, 8 * warp + g);
-    const int rope_base = kFormat == kPerTensor ? L::kRope + rope_offset<kFormat>(g, quad) + 4 * warp
-                                                : L::kRope + rope_offset<kFormat>(g, 4 * (warp >> 1) + quad) + 8 * (warp & 1);
-    const int scale_base = L::kScale + 32 * quad + 4 * warp;  // + 16 (token - 2 quad)
+    for (int odd = 0; odd < 2; ++odd) v_base[odd] = L::kLat + lat_offset(2 * quad + odd, 8 * warp + g, kTokens);
+    const int scale_base = L::kScale + 32 * quad + 4 * warp;
     // Blocks entirely below every row's limit need no mask.
     const int unmasked_end = causal ? rows.len - q_len + 1 : rows.len;
 
     for (int blk = first_blk; blk < end_blk; ++blk) {
       const int i = blk - first_blk;
-      const unsigned char* stage = smem + (i % kStages) * L::kStage;
+      unsigned char* stage = smem + (i % kStages) * L::kStage;
       wait_async_copies<kStages - 2>();
-      __syncthreads();  // block i has landed for every thread; block i - 1 is done everywhere
+      fence_async_shared();  // this thread's copies (and staged query) -> visible to wgmma
+      __syncthreads();       // block i has landed for every thread; block i - 1 is done everywhere
       if (i == 0) {  // the staged query is visible now
 #pragma unroll
         for (int h = 0; h < 2; ++h) row_scale[h] = qk_scale_log2 * kv_scale * q_unscale[g + 8 * h];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) col_unscale[k] = q_unscale[8 * (k >> 1) + 2 * quad + (k & 1)];
       }
+
+      // The stage being filled was last read by block i - 1 (its wgmma waited, its V reads passed the barrier).
       if (blk + kStages - 1 < end_blk) {
         const int s = (i + kStages - 1) % kStages;
-        load_block<kFormat, kTokens>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
+        load_block<kFormat, T>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
       }
       commit_async_copies();
       if (tid < kTokens && blk + kStages < end_blk) {
         offsets[(i % kStages) * kTokens + tid] = rows.locate((blk + kStages) * kTokens + tid);
       }
 
-      // This warp's partial S over its columns, all kTokens tokens (n-tile nt: tokens 8 nt .. 8 nt + 7).
-      float sp[kNt][4] = {};
-      uint32_t a[4];
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int j = 2 * warp + jj;
-        uint4 kw[kNt];
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) kw[nt] = *reinterpret_cast<const uint4*>(stage + k_base[jj] + kD * 8 * nt);
-#pragma unroll
-        for (int t4 = 0; t4 < 4; ++t4) {
-          ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * (4 * j + t4) + lm_col, L::kQCols * 2));
-#pragma unroll
-          for (int nt = 0; nt < kNt; ++nt) {
-            uint32_t b0, b1;
-            fp8x4_to_half2x2((&kw[nt].x)[t4], b0, b1);
-            mma_f16(sp[nt], a, b0, b1);
-          }
-        }
-      }
+      // S^T [64 tokens, 16 rows] by wgmma. Thread holds tokens 16 warp + g + 8 i' and rows
+      // 8 j + 2 quad + e of each part: accumulator element 4 (j + 2 part) + 2 i' + e.
+      float st[2][4];  // [i'][2 j + e]
+      const uint32_t stage_addr = shared_address(stage);
+      const TileDesc k_lat = desc128(stage_addr + L::kLat), q_lat = desc128(shared_address(qs) + L::kQLat);
+      const TileDesc k_rope = kFormat == kPerTensor ? desc64(stage_addr + L::kRope) : desc128(stage_addr + L::kRope);
+      const TileDesc q_rope =
+          kFormat == kPerTensor ? desc64(shared_address(qs) + L::kQRope) : desc128(shared_address(qs) + L::kQRope);
       if constexpr (kFormat == kPerTensor) {
-        ldmatrix_x4(a, q16 + q_offset(lm_row, 16 * rope_ks + lm_col, L::kQCols * 2));
+        // k-steps of kChunk into fresh accumulators, summed in float32 (two in flight): the fp8 MMA
+        // adds into its accumulator with reduced precision, which grows with the accumulated value.
+        constexpr int kSteps = (kD + kP) / 32, kChunks = (kSteps + kChunk - 1) / kChunk;
+        float d[2][L::kN / 2];
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {  // rope k-step w: word w of the lane's rope chunk
-          uint32_t b0, b1;
-          fp8x4_to_half2x2(*reinterpret_cast<const uint32_t*>(stage + rope_base + 8 * kP * nt), b0, b1);
-          mma_f16(sp[nt], a, b0, b1);
+        for (int ii = 0; ii < 2; ++ii) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) st[ii][k] = 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c <= kChunks; ++c) {
+          if (c < kChunks) {
+            wgmma_fence();
+#pragma unroll
+            for (int ks = c * kChunk; ks < (c + 1) * kChunk && ks < kSteps; ++ks) {
+              if (ks < kD / 32) {
+                const int off = (ks >> 2) * 128 * kTokens + 32 * (ks & 3);  // atom ks / 4, bytes 32 (ks % 4)
+                const int qoff = (ks >> 2) * 128 * L::kN + 32 * (ks & 3);
+                wgmma_e4m3<L::kN>(d[c & 1], k_lat.at(off), q_lat.at(qoff), ks > c * kChunk);
+              } else {
+                const int off = 32 * (ks - kD / 32);
+                wgmma_e4m3<L::kN>(d[c & 1], k_rope.at(off), q_rope.at(off), ks > c * kChunk);
+              }
+            }
+            wgmma_commit();
+          }
+          if (c > 0) {  // chunk c - 1 is done: fold it
+            if (c < kChunks) {
+              asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            } else {
+              wgmma_wait_all();
+            }
+            fence_regs(d[(c - 1) & 1]);
+#pragma unroll
+            for (int ii = 0; ii < 2; ++ii) {
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+#pragma unroll
+                for (int p = 0; p < kParts<T>; ++p) st[ii][k] += d[(c - 1) & 1][4 * ((k >> 1) + 2 * p) + 2 * ii + (k & 1)];
+              }
+            }
+          }
         }
       } else {
-        ldmatrix_x4(a, qpe16 + q_offset(lm_row, 16 * rope_ks + lm_col, kP * 2));
-        // Scale group w's partial per token, then add the rope k-step w (bf16, unscaled query).
+        float d[4][16];  // per scale group
+        float dr[8];     // rope
+        wgmma_fence();
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
+        for (int grp = 0; grp < 4; ++grp) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const float group_scale = *reinterpret_cast<const float*>(stage + scale_base + 16 * (8 * nt + (k & 1)));
-            sp[nt][k] *= group_scale * q_unscale[g + 8 * (k >> 1)];
+            wgmma_e4m3<32>(d[grp], k_lat.at(grp * 128 * kTokens + 32 * k), q_lat.at(grp * 128 * L::kN + 32 * k), k > 0);
           }
-          const uint2 words = *reinterpret_cast<const uint2*>(stage + rope_base + 16 * kP * nt);
-          mma_bf16(sp[nt], a, words.x, words.y);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wgmma_bf16_n16(dr, k_rope.at(32 * k), q_rope.at(32 * k), k > 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+#pragma unroll
+        for (int grp = 0; grp < 4; ++grp) fence_regs(d[grp]);
+        fence_regs(dr);
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          const int t = 16 * warp + g + 8 * ii;
+          const float4 sc = *reinterpret_cast<const float4*>(stage + L::kScale + 16 * t);
+          const float scs[4] = {sc.x, sc.y, sc.z, sc.w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int e = 4 * (k >> 1) + 2 * ii + (k & 1);
+            float sum = 0.f;
+#pragma unroll
+            for (int grp = 0; grp < 4; ++grp) sum += scs[grp] * (d[grp][e] + d[grp][e + 8]);
+            st[ii][k] = fmaf(sum, col_unscale[k], dr[e]);
+          }
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        partials[(warp * kNt + nt) * 32 + lane] = make_float4(sp[nt][0], sp[nt][1], sp[nt][2], sp[nt][3]);
+      for (int ii = 0; ii < 2; ++ii) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          s_x[(8 * (k >> 1) + 2 * quad + (k & 1)) * kSRow + 16 * warp + g + 8 * ii] = st[ii][k];
+        }
       }
-      __syncthreads();  // every warp's partial is written
+      __syncthreads();  // S is complete
+      // sp[nt][k]: row g + 8 (k >> 1), token 8 nt + 2 quad + (k & 1) (the mma C layout).
+      float sp[kNt][4];
 #pragma unroll
-      for (int other = 1; other < 4; ++other) {
-        const int w2 = (warp + other) & 3;
+      for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-          const float4 v = partials[(w2 * kNt + nt) * 32 + lane];
-          sp[nt][0] += v.x;
-          sp[nt][1] += v.y;
-          sp[nt][2] += v.z;
-          sp[nt][3] += v.w;
+        for (int h = 0; h < 2; ++h) {
+          const float2 v = *reinterpret_cast<const float2*>(s_x + (g + 8 * h) * kSRow + 8 * nt + 2 * quad);
+          sp[nt][2 * h] = v.x;
+          sp[nt][2 * h + 1] = v.y;
         }
       }
 
@@ -433,18 +555,18 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
         bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 2));
         const float m_new = fmaxf(m[h], bmax[h] * sf[h]);
         m_safe[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no token yet: no inf - inf
-        alpha[h] = exp2f(m[h] - m_safe[h]);
+        alpha[h] = fast_exp2(m[h] - m_safe[h]);
         m[h] = m_new;
         l[h] *= alpha[h];
       }
       // P = exp2(S - m) in f16 as A fragments: k-step ks takes n-tiles 2 ks (a0, a1) and 2 ks + 1 (a2, a3).
-      uint32_t pf[L::kKs][4];
+      uint32_t pf[kKs][4];
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(fmaf(sp[nt][2 * h], sf[h], -m_safe[h]));
-          const float p1 = exp2f(fmaf(sp[nt][2 * h + 1], sf[h], -m_safe[h]));
+          const float p0 = fast_exp2(fmaf(sp[nt][2 * h], sf[h], -m_safe[h]));
+          const float p1 = fast_exp2(fmaf(sp[nt][2 * h + 1], sf[h], -m_safe[h]));
           l[h] += p0 + p1;
           __half2 pair = __floats2half2_rn(p0, p1);
           pf[nt >> 1][2 * (nt & 1) + h] = *reinterpret_cast<uint32_t*>(&pair);
@@ -462,13 +584,13 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
 
       // O[:, 128 warp ..] += P . V: the lane reads tokens 16 ks + {2q, 2q + 1, 2q + 8, 2q + 9}.
 #pragma unroll
-      for (int ks = 0; ks < L::kKs; ++ks) {
+      for (int ks = 0; ks < kKs; ++ks) {
         uint4 vw[4];
         float vs[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int token_step = 16 * ks + 8 * (r >> 1);  // + 2 quad + (r & 1), in the bases
-          vw[r] = *reinterpret_cast<const uint4*>(stage + v_base[r & 1] + kD * token_step);
+          vw[r] = *reinterpret_cast<const uint4*>(stage + v_base[r & 1] + 128 * token_step);
           if constexpr (kFormat == kDsMla) {
             vs[r] = *reinterpret_cast<const float*>(stage + scale_base + 16 * (token_step + (r & 1)));
           }
