@@ -25,7 +25,7 @@ from tilegym.timing import time_calls
 ROTATING_SETS = 4
 Config = cutlass_mla.Fp8Config
 # (stages, CTAs per SM, k-steps per score accumulator)
-CONFIGS = [Config(2, 2, 4), Config(2, 2, 2), Config(2, 2, 1), Config(2, 2, 18), Config(3, 1, 4)]
+CONFIGS = [Config(2, 2, 4), Config(2, 2, 6), Config(2, 2, 9), Config(3, 1, 4)]
 
 
 def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:

@@ -183,21 +183,28 @@ def test_a_per_tensor_scale_needs_no_alignment() -> None:
     check(out, lse, expected, "fp8", torch.bfloat16, seed)
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.gpu
-def test_queries_off_4_byte_boundaries() -> None:
+def test_queries_off_4_byte_boundaries(fmt) -> None:
     """q and qpe as views one element into their buffers: the query is read in 2-byte elements, not
-    in the 4-byte pairs the kernel uses for aligned rows."""
+    in the 4-byte pairs (16-byte rope chunks for fp8_ds_mla) the kernel uses for aligned rows."""
     require_cutlass()
     generator, seed = fresh_generator()
-    x = make_mla_inputs(3, 16, 500, kv_dtype=FP8, device="cuda", generator=generator)
+    x = make_mla_inputs(3, 16, 500, kv_dtype=FP8 if fmt == "fp8" else None, device="cuda", generator=generator)
     q = torch.empty(*x.q.shape[:-1], x.q.shape[-1] + 1, dtype=x.q.dtype, device="cuda")[..., 1:]
     qpe = torch.empty(*x.qpe.shape[:-1], x.qpe.shape[-1] + 1, dtype=x.qpe.dtype, device="cuda")[..., 1:]
     q.copy_(x.q)
     qpe.copy_(x.qpe)
     assert q.data_ptr() % 4 and qpe.data_ptr() % 4
-    out, lse = mla_decoding_split_kv(q, qpe, x.kv, x.kpe, kv_scale=x.kv_scale, return_lse=True, backend=BACKEND)
-    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
-    check(out, lse, expected, "fp8", torch.bfloat16, seed)
+    if fmt == "fp8":
+        cache_kwargs, latent, rope = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}, x.kv, x.kpe
+    else:
+        cache = pack_cache(x, fmt)
+        cache_kwargs, latent, rope = cache.op_kwargs(), cache.latent, cache.rope
+    out, lse = mla_decoding_split_kv(q, qpe, return_lse=True, backend=BACKEND, **cache_kwargs)
+    scale = x.kv_scale if fmt == "fp8" else None
+    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_scale=scale)
+    check(out, lse, expected, fmt, torch.bfloat16, seed)
 
 
 FAR_SCALES = [(torch.bfloat16, -20), (torch.bfloat16, 20), (torch.float16, -8), (torch.float16, 8)]

@@ -305,7 +305,13 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
   }
   if constexpr (kFormat == kDsMla) {  // bf16 rope [16, 64]: thread takes columns 8 sub .. 8 sub + 7
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (live) v = *reinterpret_cast<const uint4*>(qpe_row + 8 * sub);
+    const T* src = qpe_row + 8 * sub;
+    if (live && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      v = *reinterpret_cast<const uint4*>(src);
+    } else if (live) {  // a row off 16-byte boundaries: element by element
+#pragma unroll
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint16_t*>(&v)[k] = reinterpret_cast<const uint16_t*>(src)[k];
+    }
     *reinterpret_cast<uint4*>(qs + L::kQRope + swizzle128(row, sub)) = v;
   }
 }
