@@ -124,6 +124,9 @@ GPU_CASES = [
     ("fp8_ds_mla", "paged", 64, 12, 16, 1, 4096, torch.bfloat16, True, None),
     ("fp8_ds_mla", "paged", 1, 6, 16, 1, 900, torch.bfloat16, True, None),
     ("fp8_ds_mla", "ragged", 16, 8, 5, 3, 1200, torch.bfloat16, True, 448),
+    # few long rows: pieces of at least 7 blocks (FP8_PIECES_PER_ROW)
+    ("fp8", "dense", 0, 3, 16, 1, 30000, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "paged", 64, 3, 16, 1, 30000, torch.bfloat16, True, None),
 ]
 
 

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from tilegym.ops.contract import validate_mla_decoding
-from tilegym.ops.schedule import ScheduleShape, SplitSchedule, schedule_shape, segments_on_host
+from tilegym.ops.schedule import (
+    ScheduleShape,
+    SplitSchedule,
+    fewest_blocks_per_piece,
+    schedule_shape,
+    segments_on_host,
+)
 from tilegym.testing import make_mla_inputs, to_pages
 from tilegym.utils import cdiv
 
@@ -96,3 +102,16 @@ def test_ragged_rows_are_clamped_to_their_pages() -> None:
     )
     schedule = SplitSchedule(call, ScheduleShape(2, 16, 4, 1, None))
     assert schedule.lens.tolist() == [64, 32]
+
+
+def test_fewest_blocks_per_piece_caps_the_pieces_of_an_average_row() -> None:
+    """One row of 512 blocks in at most 64 pieces -> 8 blocks each; 4 rows of 16 blocks -> 1."""
+
+    def call(batch: int, seq_len: int):
+        x = make_mla_inputs(batch, 2, seq_len, 32, 16, dtype=torch.float16)
+        return validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe)
+
+    long_row, short_rows = call(1, 32768), call(4, 1024)
+    assert fewest_blocks_per_piece(long_row, 64, 64) == 8
+    assert fewest_blocks_per_piece(long_row, 64, 16) == 32
+    assert fewest_blocks_per_piece(short_rows, 64, 64) == 1

@@ -57,6 +57,13 @@ def most_blocks(call: MLADecodeCall, block_n: int) -> int:
     return call.batch * cdiv(call.seq_len, block_n)
 
 
+def fewest_blocks_per_piece(call: MLADecodeCall, block_n: int, pieces_per_row: int) -> int:
+    """A ``min_blocks`` that cuts a row of average length into at most ``pieces_per_row`` pieces
+    (host-known sizes only): each piece pays a fixed start and a partial for the combine, which
+    dominate when few long rows are spread over every SM."""
+    return max(1, most_blocks(call, block_n) // max(1, call.batch) // pieces_per_row)
+
+
 def schedule_shape(
     call: MLADecodeCall, *, block_n: int, programs_per_sm: int, head_groups: int, min_blocks: int = 1
 ) -> ScheduleShape:

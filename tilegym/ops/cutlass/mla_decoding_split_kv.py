@@ -24,7 +24,7 @@ import torch
 
 from tilegym.ops.contract import DENSE, FP8_DS_MLA, RAGGED, MLADecodeCall
 from tilegym.ops.cubin_loader import CudaKernel
-from tilegym.ops.schedule import SplitSchedule, schedule_shape
+from tilegym.ops.schedule import SplitSchedule, fewest_blocks_per_piece, schedule_shape
 from tilegym.utils import cdiv
 
 HEADER = "mla_decoding_split_kv.cuh"
@@ -55,17 +55,22 @@ FP8_THREADS = 128
 
 
 class Fp8Config(NamedTuple):
-    """Pipeline of the fp8 kernel: blocks in shared memory (stages - 1 in flight while one is read)
-    and CTAs per SM (the kernel's register budget follows from it)."""
+    """Settings of the fp8 kernel and its plan: blocks in shared memory (stages - 1 in flight while
+    one is read), CTAs per SM (the kernel's register budget follows from it), score k-steps per
+    fp8 accumulator, and the schedule's fewest blocks per piece."""
 
     stages: int
     ctas_per_sm: int
-    chunk: int = 4  # fp8: k-steps (32 columns) per fresh score accumulator, summed in float32
+    chunk: int = 4  # k-steps (32 columns) per fresh score accumulator, summed in float32
+    min_blocks: int | None = None  # fewest blocks per schedule piece; None: FP8_PIECES_PER_ROW's rule
 
 
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200.
 FP8_CONFIGS = {"fp8": Fp8Config(2, 2), FP8_DS_MLA: Fp8Config(2, 2)}
 FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
+# At most this many pieces per row of average length (H200, 1 x 32768 x 16 fp8: 256 pieces of 2
+# blocks 72.9 us, 64 pieces of 8 blocks 43.6 us; 4 x 1024 and 64 x 4096 unchanged).
+FP8_PIECES_PER_ROW = 64
 SHARED_PER_SM = 228 * 1024  # Hopper: shared memory per SM (each CTA also reserves 1 KB)
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
 CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
@@ -125,7 +130,7 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
         "float*",
         "float*",
     )
-    template = (ctype, FP8_FORMATS[kv_format], *config)  # kStages, kCtasPerSm, kChunk
+    template = (ctype, FP8_FORMATS[kv_format], config.stages, config.ctas_per_sm, config.chunk)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
@@ -244,12 +249,17 @@ class CutlassDecodePlan:
     threads = THREADS
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
+    min_blocks = 1
 
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
         groups = cdiv(call.query_rows, self.rows_per_cta)
         shape = schedule_shape(
-            call, block_n=self.block_n, programs_per_sm=self.programs_per_sm, head_groups=groups, min_blocks=1
+            call,
+            block_n=self.block_n,
+            programs_per_sm=self.programs_per_sm,
+            head_groups=groups,
+            min_blocks=self.min_blocks,
         )
         self.schedule = s = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
@@ -348,6 +358,7 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         if not fp8_config_fits(call.kv_format, self.config, call.q.dtype):
             raise ValueError(f"{self.config} does not fit in an SM's shared memory")
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
+        self.min_blocks = self.config.min_blocks or fewest_blocks_per_piece(call, FP8_BLOCK_N, FP8_PIECES_PER_ROW)
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:
