@@ -19,8 +19,10 @@
 //           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 x kParts): the query is staged per row, scaled by
 //           a power of two, as kParts e4m3 parts whose sum is the query exactly (2 parts hold any
 //           bf16 value, 3 any fp16 value, within e4m3's exponent range: elements more than 2^9 below
-//           the row's largest lose low bits). kDsMla: one accumulator per 128-column scale group,
-//           scaled per token, plus the bf16 rope by bf16 wgmma (m64n16k16).
+//           the row's largest lose low bits). The fp8 MMA accumulates with fewer bits than float32,
+//           so every kChunk k-steps go to a fresh accumulator summed in float32 (two in flight).
+//           kDsMla: one accumulator per 128-column scale group, scaled per token, plus the bf16
+//           rope by bf16 wgmma (m64n16k16).
 //   CTA     S^T goes through shared memory [16, 64]; every warp reads all of it as S [16, 64] and runs
 //           the same online softmax, so P stays in registers as the next mma's A fragments.
 //   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma.sync m16n8k16, 4 k-steps x 16
