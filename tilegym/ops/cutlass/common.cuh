@@ -1,6 +1,6 @@
 // Shared helpers of the cutlass backend's kernels (mla_decoding_split_kv.cuh, the wgmma kernel, and
-// mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies and the page lookup of the split
-// schedule's cache layouts.
+// mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies, the proxy fence before wgmma reads
+// them, and the page lookup of the split schedule's cache layouts.
 #pragma once
 
 namespace tilegym_cutlass {
@@ -16,6 +16,10 @@ template <int N>
 __device__ __forceinline__ void wait_async_copies() {  // all but the N newest groups have landed
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+// Generic-proxy writes (cp.async, st.shared) become visible to wgmma (async proxy) after this fence
+// and a barrier.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Batch row b's page list: a block-table row (paged), or kv_indices[kv_indptr[b]:] (ragged, the
 // start clamped to the list). Unused for dense caches.

@@ -114,10 +114,8 @@ struct alignas(1024) SharedStorage {
 
 using tilegym_cutlass::commit_async_copies;
 using tilegym_cutlass::cp_async16;
+using tilegym_cutlass::fence_async_shared;
 using tilegym_cutlass::wait_async_copies;
-// Generic-proxy writes (cp.async, st.shared) become visible to wgmma (async proxy) after this fence
-// and a barrier.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void bar_sync_both() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // Issue the cp.async loads of 64 rows x 576 columns: row i's latent part from lat(i), rope part

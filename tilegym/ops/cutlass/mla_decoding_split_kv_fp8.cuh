@@ -91,6 +91,7 @@ __device__ __forceinline__ int rope_offset(int r, int c) {
 
 using tilegym_cutlass::commit_async_copies;
 using tilegym_cutlass::cp_async16;
+using tilegym_cutlass::fence_async_shared;
 using tilegym_cutlass::wait_async_copies;
 
 // ---- wgmma (sm_90a) -----------------------------------------------------------------------------
@@ -116,11 +117,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// Generic-proxy writes (cp.async, st.shared) become visible to wgmma after this fence and a barrier.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int kPending>  // until at most kPending committed groups are still running
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&d)[N]) {
@@ -467,9 +469,9 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
           }
           if (c > 0) {  // chunk c - 1 is done: fold it
             if (c < kChunks) {
-              asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+              wgmma_wait<1>();
             } else {
-              wgmma_wait_all();
+              wgmma_wait<0>();
             }
             fence_regs(d[(c - 1) & 1]);
 #pragma unroll
@@ -498,7 +500,7 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
           wgmma_bf16_n16(dr, k_rope.at(32 * k), q_rope.at(32 * k), k > 0);
         }
         wgmma_commit();
-        wgmma_wait_all();
+        wgmma_wait<0>();
 #pragma unroll
         for (int grp = 0; grp < 4; ++grp) fence_regs(d[grp]);
         fence_regs(dr);
