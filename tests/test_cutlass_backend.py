@@ -88,6 +88,7 @@ def test_every_variant_is_listed_for_precompile() -> None:
                 for kernel in (cutlass_mla.KERNEL, cutlass_mla.COMBINE_KERNEL)
                 for ctype in ("__half", "__nv_bfloat16")
             ),
+            *(f"{cutlass_mla.SEESAW_KERNEL}<{ctype}, 0>" for ctype in ("__half", "__nv_bfloat16")),
             *fp8,
         ]
     )

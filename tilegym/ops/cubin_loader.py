@@ -72,7 +72,8 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 _VERSION_RE = re.compile(r"release (\d+)\.(\d+)")
 _ENTRY_VERSION_RE = re.compile(r"-nvcc(\d+)\.(\d+)-[0-9a-f]+\.cubin$")
 # C parameter type -> struct code of its bytes in the kernel parameter buffer.
-_PARAM_CODES = {"int": "i", "long long": "q", "float": "f"}
+# A TMA tensor map travels by value (128 bytes, ``const __grid_constant__ CUtensorMap`` in the kernel).
+_PARAM_CODES = {"int": "i", "long long": "q", "float": "f", "const __grid_constant__ CUtensorMap": "128s"}
 
 
 class TileCppError(RuntimeError):

@@ -21,6 +21,9 @@ __device__ __forceinline__ void wait_async_copies() {  // all but the N newest g
 // and a barrier.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Pulls the 128-byte line holding p into L2 (no data returned, nothing to wait for).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 // Batch row b's page list: a block-table row (paged), or kv_indices[kv_indptr[b]:] (ragged, the
 // start clamped to the list). Unused for dense caches.
 __device__ __forceinline__ const int* page_list(const int* table, const int* indptr, int b, int paged, int ragged,

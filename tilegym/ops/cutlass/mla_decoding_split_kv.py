@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from typing import NamedTuple
 
 import torch
@@ -29,6 +30,8 @@ from tilegym.utils import cdiv
 
 HEADER = "mla_decoding_split_kv.cuh"
 KERNEL = "mla_decode_cute_split_kernel"
+SEESAW_HEADER = "mla_decoding_split_kv_seesaw.cuh"
+SEESAW_KERNEL = "mla_decode_cute_seesaw_kernel"
 COMBINE_HEADER = "mla_decoding_combine.cuh"
 COMBINE_KERNEL = "mla_decode_cute_combine_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
@@ -38,6 +41,9 @@ THREADS = 256  # two warpgroups
 # Shared memory: Q (72 KB) + 2 stages of KV (144 KB) + P (8 KB) + 512 B of row statistics, in the
 # kernel's SharedStorage (1 KB aligned), plus 1 KB so the kernel can align the dynamic buffer.
 SHARED_BYTES = 64 * 576 * 2 * 3 + 64 * 64 * 2 + 1024 + 1024
+# The seesaw kernel: Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B (16 KB) + row maxima and
+# sums (1 KB) + 18 mbarriers, plus 1 KB so the kernel can align the dynamic buffer.
+SEESAW_SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 18 * 8 + 1024
 COMBINE_THREADS = 128
 MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
@@ -77,6 +83,43 @@ CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
 TILE_ALIGN = 1024  # wgmma's swizzled tiles start on 1 KB boundaries: the kernel rounds its base up
 
 
+def tma_box_rows(call: MLADecodeCall) -> int:
+    """Tokens per TMA box of the seesaw kernel: a whole 64-token block of a dense row (fewer when the
+    cache holds fewer tokens per row), or the largest part of a block that stays inside one page."""
+    if call.is_paged:
+        return math.gcd(call.page_size, TOKENS_PER_BLOCK)
+    rows = call.kv.shape[1]
+    return TOKENS_PER_BLOCK if rows >= TOKENS_PER_BLOCK else 1 << (rows.bit_length() - 1)
+
+
+def encode_tile_map(t: torch.Tensor, box_rows: int) -> bytes:
+    """A TMA tensor map (128 bytes, passed to the kernel by value) of cache tensor ``t`` [units, rows, columns]
+    (batch rows or pages, their tokens, the latent or rope columns) read in boxes of [64 columns,
+    ``box_rows`` tokens] with the 128-byte swizzle wgmma reads."""
+    from tilegym.ops.cubin_loader import _check, _driver
+
+    drv = _driver()
+    kind = "BFLOAT16" if t.dtype == torch.bfloat16 else "FLOAT16"
+    size = t.element_size()
+    tensor_map = _check(
+        drv.cuTensorMapEncodeTiled(
+            getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"),
+            3,
+            t.data_ptr(),
+            [drv.cuuint64_t(n) for n in (t.shape[2], t.shape[1], t.shape[0])],
+            [drv.cuuint64_t(n * size) for n in (t.stride(1), t.stride(0))],
+            [drv.cuuint32_t(n) for n in (TOKENS_PER_BLOCK, box_rows, 1)],
+            [drv.cuuint32_t(1)] * 3,
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled({tuple(t.shape)})",
+    )
+    return struct.pack("16Q", *(int(v) for v in tensor_map.opaque))
+
+
 def fp8_query_parts(dtype: torch.dtype) -> int:
     """e4m3 parts of the staged query that hold ``dtype`` exactly (4 significant bits each)."""
     return 3 if dtype == torch.float16 else 2
@@ -106,6 +149,19 @@ def split_kernel(dtype: torch.dtype) -> CudaKernel:
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
     return CudaKernel(HEADER, KERNEL, (ctype,), (*pointers, *SPLIT_PARAMS))
+
+
+@functools.cache
+def seesaw_kernel(dtype: torch.dtype, debug: int = 0) -> CudaKernel:
+    """The seesaw split kernel for ``dtype`` (bf16 or fp16) inputs (same signature as split_kernel)."""
+    ctype = C_TYPES[dtype]
+    pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
+    return CudaKernel(
+        SEESAW_HEADER,
+        SEESAW_KERNEL,
+        (ctype, debug),
+        (*pointers, *SPLIT_PARAMS, *("const __grid_constant__ CUtensorMap",) * 2, "int"),
+    )
 
 
 @functools.cache
@@ -141,7 +197,7 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
-    kernels = [k for d in C_TYPES for k in (split_kernel(d), combine_kernel(d))]
+    kernels = [k for d in C_TYPES for k in (split_kernel(d), seesaw_kernel(d), combine_kernel(d))]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
 
@@ -297,17 +353,22 @@ class CutlassDecodePlan:
         self._combine_schedule = (*self._workspace, s.cum_blocks.data_ptr(), s.blocks_per_program.data_ptr())
         self._combine_sizes = (rows, int(call.return_lse))
         grid = (shape.programs, groups, 1)
+        self._maps: dict[tuple[int, int], tuple[bytes, bytes]] = {}
         self._launch_split = self._split_kernel().bind(
             self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
         )
         combine = combine_kernel(call.q.dtype)
         self._launch_combine = combine.bind(self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1))
 
+    variant = "seesaw"
+
     def _split_kernel(self) -> CudaKernel:
+        if self.variant.startswith("seesaw"):
+            return seesaw_kernel(self.call.q.dtype, int(self.variant[6:] or 0))
         return split_kernel(self.call.q.dtype)
 
     def _shared_bytes(self) -> int:
-        return SHARED_BYTES
+        return SEESAW_SHARED_BYTES if self.variant.startswith("seesaw") else SHARED_BYTES
 
     def _cache_strides(self) -> tuple[int, ...]:
         """The cache strides the split kernel takes (elements of kv and kpe, batch/page then token)."""
@@ -315,6 +376,18 @@ class CutlassDecodePlan:
 
     def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return (kv.data_ptr(), kpe.data_ptr())
+
+    def _trailing_args(self, kv: torch.Tensor, kpe: torch.Tensor) -> tuple[bytes | int, ...]:
+        """The seesaw kernel's TMA maps of this call's cache tensors (encoded once per pair of
+        addresses) and box height."""
+        if not self.variant.startswith("seesaw"):
+            return ()
+        key = (kv.data_ptr(), kpe.data_ptr())
+        maps = self._maps.get(key)
+        if maps is None:
+            rows = tma_box_rows(self.call)
+            maps = self._maps[key] = (encode_tile_map(kv, rows), encode_tile_map(kpe, rows))
+        return (*maps, tma_box_rows(self.call))
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -341,6 +414,7 @@ class CutlassDecodePlan:
             lse_ptr,
             *self._workspace,
             *self._split_sizes,
+            *self._trailing_args(kv, kpe),
         )
         self._launch_split(split_args, stream)
         self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
@@ -351,6 +425,7 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     rows_per_cta = FP8_MAX_QUERY_ROWS
     threads = FP8_THREADS
+    variant = "fp8"
 
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
         """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
