@@ -83,15 +83,43 @@ def test_every_variant_is_listed_for_precompile() -> None:
     fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}>")  # fp8_ds_mla: bf16 queries only
     assert names == sorted(
         [
-            *(
-                f"{kernel}<{ctype}>"
-                for kernel in (cutlass_mla.KERNEL, cutlass_mla.COMBINE_KERNEL)
-                for ctype in ("__half", "__nv_bfloat16")
-            ),
-            *(f"{cutlass_mla.SEESAW_KERNEL}<{ctype}, 0>" for ctype in ("__half", "__nv_bfloat16")),
+            *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
+            *(f"{cutlass_mla.KERNEL}<{c}, {late}>" for c in ("__half", "__nv_bfloat16") for late in (0, 1)),
             *fp8,
         ]
     )
+
+
+@pytest.mark.parametrize(
+    ("layout", "size", "rows"),
+    [("dense", 4096, 64), ("dense", 40, 32), ("paged", 1, 1), ("paged", 16, 16), ("paged", 64, 64), ("paged", 256, 64)],
+)
+def test_tma_boxes_never_cross_a_page_or_a_block(layout: str, size: int, rows: int) -> None:
+    # Dense: `size` tokens per row; paged: `size` tokens per page.
+    tokens = size if layout == "dense" else 2 * size
+    x = make_mla_inputs(2, 16, tokens, kv_lens=[tokens, tokens - 1])
+    kv, kpe = x.kv, x.kpe
+    kwargs = {}
+    if layout == "paged":
+        pages = to_pages(x, size)
+        kv, kpe, kwargs = pages.kv, pages.kpe, pages.layout_kwargs("paged")
+    call = validate_mla_decoding(x.q, x.qpe, kv, kpe, **kwargs)
+    assert cutlass_mla.tma_box_rows(call) == rows
+    assert cutlass_mla.TOKENS_PER_BLOCK % rows == 0 and (layout == "dense" or size % rows == 0)
+
+
+def test_tensor_maps_are_passed_by_value_in_the_parameter_buffer() -> None:
+    import ctypes
+
+    from tilegym.ops.cubin_loader import _ParamBuffer
+
+    kinds = ("int", "const __grid_constant__ CUtensorMap", "long long")
+    buffer = _ParamBuffer(kinds)
+    tensor_map = bytes(range(128))
+    pointers = ctypes.cast(buffer.fill((7, tensor_map, -3)), ctypes.POINTER(ctypes.c_void_p))
+    assert ctypes.c_int.from_address(pointers[0]).value == 7
+    assert ctypes.string_at(pointers[1], 128) == tensor_map
+    assert ctypes.c_longlong.from_address(pointers[2]).value == -3
 
 
 def test_shared_memory_request_fits_one_hopper_sm() -> None:

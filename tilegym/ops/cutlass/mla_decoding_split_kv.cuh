@@ -1,43 +1,62 @@
-// MLA decoding over a split schedule, CUDA C++ with CuTe for sm_90a (wgmma).
+// MLA decoding over a split schedule, CUDA C++ with CuTe for sm_90a (wgmma and TMA), for 1-128 query
+// rows per KV read (the compute-bound case: 64/128 heads, or several new tokens per row). Two
+// warpgroups take alternate KV blocks ("seesaw"), so one's softmax overlaps the other's matmuls.
 //
 // One CTA = (piece p of the schedule, group of 64 query rows); 256 threads = two warpgroups; one
 // wave of persistent CTAs (tilegym/ops/schedule.py). The CTA walks the batch rows its piece meets
-// (piece_rows[0][p] .. piece_rows[1][p]) and, for each, attends its 64 query rows (r = token *
-// heads + head, rows past query_rows are zero and never stored) to the row's KV blocks [lo, hi)
-// inside the piece, 64 tokens per block. A segment that is the whole row writes the final output
-// and lse; the others a float32 partial and natural-log lse to work slot p + b, merged by
-// mla_decoding_combine.cuh. Causal MTP: token i of a row of length L sees positions < L - q_len + 1 + i.
+// and, for each, attends its 64 query rows (r = token * heads + head; rows past query_rows are zero
+// and never stored) to the row's KV blocks [lo, hi) inside the piece, 64 tokens per block, two
+// blocks per step: block A in buffer 0, block B in buffer 1. A segment that is the whole row
+// writes the final output and lse; the others a float32 partial and natural-log lse to work slot
+// p + b, merged by mla_decoding_combine.cuh. Causal MTP: token i of a row of length L sees
+// positions < L - q_len + 1 + i.
 //
 // Tiles (bf16/fp16, D = 512 latent columns, P = 64 rope columns, N = 64 tokens per block):
-//   shared memory  Q [64, 512] + Qpe [64, 64]                       72 KB, once per segment
-//                  2 stages x (KV [64, 512] + KPE [64, 64])          144 KB, double-buffered
-//                  P [64, 64] (bf16/fp16 probabilities)               8 KB
-//   all in the 128-byte-swizzled layout wgmma reads (8 rows x 128 B atoms; latent atoms of one
-//   8-token group side by side, so the same KV bytes serve as K (K-major) and as V (MN-major)).
-//   warpgroup w  S_w [64 rows, 32 tokens] = Q . K[32w .. 32w + 32)^T   (wgmma 64x32x16, K = 576)
-//                softmax of S_w with the row max shared between the two warpgroups (shared memory
-//                + named barrier), P_w -> shared memory,
-//                O_w [64 rows, 256 cols] += P [64, 64] . V[:, 256w .. 256w + 256)  (wgmma 64x256x16)
-//   O_w lives in registers (128 floats per thread); the running max / sum per row in registers.
-// Loads: cp.async 16-byte chunks (8 threads per token row, 128 B per instruction), one token's page
-// looked up per thread and block; positions at or past the row's length are zero-filled (their
-// scores are masked, their V rows are zero). The next block's loads fly while this block computes.
+//   shared memory  Q [64, 512]                                      64 KB, once per segment (cp.async)
+//                  2 buffers x 9 tiles [64 tokens, 64 columns]      144 KB (TMA; 8 latent tiles, rope)
+//                  P_A, P_B [64, 64] (bf16/fp16 probabilities)       16 KB
+//   registers      Qpe [64, 64] as wgmma A fragments (16 per thread); O_L or O_R [64, 256] float
+//                  (128 per thread); S [64, 64] float (32 per thread)
+//   Every shared tile is in the 128-byte-swizzled layout wgmma reads; the KV tiles are read both as
+//   K [64 tokens, 512] (K-major, S = Q K^T) and as V^T [512, 64 tokens] (MN-major, O += P V).
+// Per step, warpgroup 0 (owns O_L = output columns 0..255) and warpgroup 1 (O_R = 256..511), m the
+// running row max (log2 units), "->" a named barrier to the other warpgroup:
+//   WG0  S_A = Q K_A^T (wgmma 64x64x16, 36 k-steps; the rope k-steps from registers);
+//        m_A = max(m, rowmax S_A); O_L, l *= exp2(m - m_A); P_A = exp2(S_A - m_A) -> (m_A, P_A);
+//        O_L += P_A V_A,L (P_A from registers); refill buffer 0's tiles 0..3;
+//        (m_B, P_B) ->; O_L, l *= exp2(m_A - m_B); O_L += P_B V_B,L (P_B from shared memory);
+//        refill buffer 1's tiles 0..3.
+//   WG1  S_B = Q K_B^T; (m_A, P_A) ->; O_R, l *= exp2(m - m_A); O_R += P_A V_A,R;
+//        m_B = max(m_A, rowmax S_B); P_B = exp2(S_B - m_B) -> (m_B, P_B), after P_A V_A,R is done;
+//        refill buffer 0's tiles 4..8; O_R, l *= exp2(m_A - m_B); O_R += P_B V_B,R; refill buffer
+//        1's tiles 4..8.
+//   So buffer 0 is free half a step before buffer 1, and the two refills overlap different matmuls.
+//   Each warpgroup sums the probabilities it computed; the two sums are added at the segment's end.
+// Loads: TMA boxes of [box_rows tokens, 64 columns] per tile, one mbarrier per (buffer, tile)
+// counting the bytes; the score matmuls wait tile by tile (WG1 starts at tile 4, the half it refills
+// itself). A dense row's block is one box per tile; a paged cache's block is one box per page part
+// (box_rows = gcd(page_size, 64): 64 boxes of one token for pages of one token). Boxes wholly past
+// the row's length are not loaded; V rows past the length in a partial block are zeroed in shared
+// memory (the cache may hold NaN there), their scores masked.
 //
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
-//   reads  L * 576 * 2 B of KV (+ 4 B of page id per token when paged) and R * 64 * 576 * 2 B of
+//   reads  L * 576 * 2 B of KV (+ 4 B of page id per box when paged) and R * 64 * 576 * 2 B of
 //          queries; writes per row met 64 * 512 * 4 B of partial output + 64 * 4 B of lse (a whole
 //          row: 64 * 512 * 2 B final output, + lse when asked).
 //   With more than 64 query rows the KV of a piece is read once per 64-row group (the groups of a
 //   piece run at the same time, so the second read mostly hits L2).
 //
-// Layout: paged = 0 dense rows (kv[b, t]); paged = 1 pages of page_size tokens from a block table
-// row (ragged = 0) or kv_indices[kv_indptr[b]:] (ragged = 1). Page ids are clamped to
-// [0, num_pages) and lengths were clamped to the row's pages by the schedule: no read leaves the
-// cache. Strides are in elements; rows must be 16-byte aligned (the launcher checks).
+// Layout: the TMA maps view the latent and rope caches as [units, rows, columns]: dense = (batch
+// rows, tokens), paged = (pages, page_size) with the pages of a row from a block-table row
+// (ragged = 0) or kv_indices[kv_indptr[b]:] (ragged = 1). Page ids are clamped to [0, num_pages) and
+// lengths were clamped to the row's pages by the schedule: no read leaves the cache. Strides are in
+// elements; rows must be 16-byte aligned (the launcher checks).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stdint.h>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -50,124 +69,154 @@ namespace tilegym_cute {
 
 using namespace cute;
 
-inline constexpr int kD = 512;       // latent width: K's first D columns and all of V
-inline constexpr int kP = 64;        // rope width: the rest of K
-inline constexpr int kRows = 64;     // query rows per CTA (the wgmma M)
-inline constexpr int kTokens = 64;   // KV tokens per block
-inline constexpr int kThreads = 256; // two warpgroups
+inline constexpr int kD = 512;        // latent width: K's first D columns and all of V
+inline constexpr int kP = 64;         // rope width: the rest of K
+inline constexpr int kRows = 64;      // query rows per CTA (the wgmma M)
+inline constexpr int kTokens = 64;    // KV tokens per block
+inline constexpr int kTiles = 9;      // 64-column tiles of a block: 8 latent, then the rope
+inline constexpr int kLeftTiles = 4;  // tiles 0..3: V's left half, filled by warpgroup 0
 inline constexpr float kLn2 = 0.6931471805599453f;
+// Named barriers (0 is __syncthreads): one warpgroup arrives, the other waits.
+inline constexpr int kBarMaxA = 1;  // WG0 -> WG1: m_A and P_A
+inline constexpr int kBarMaxB = 2;  // WG1 -> WG0: m_B and P_B (and P_A's buffer is free)
 
 template <typename T>
 struct Types;
 template <>
 struct Types<__nv_bfloat16> {
   using E = cute::bfloat16_t;
-  using MmaS = SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
-  using MmaO = SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>;
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  using MmaS = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
+  using MmaSRope = SM90_64x64x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::K>;
+  using MmaOLocal = SM90_64x256x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::MN>;
+  using MmaORemote = SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 };
 template <>
 struct Types<__half> {
   using E = cute::half_t;
-  using MmaS = SM90_64x32x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>;
-  using MmaO = SM90_64x256x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::MN>;
-  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+  using MmaS = SM90_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>;
+  using MmaSRope = SM90_64x64x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::K>;
+  using MmaOLocal = SM90_64x256x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::MN>;
+  using MmaORemote = SM90_64x256x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::MN>;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 };
 
 // Shared-memory layouts (element type E, 2 bytes). Latent tiles [rows, 512]: 8-row groups of
 // 8 KB, inside a group the eight 64-column atoms side by side (1 KB each), inside an atom 8 rows of
-// 128 B whose 16-byte chunks are XOR-swizzled by the row: byte offset of (row, col) =
-//   (row / 8) * 8192 + (col / 64) * 1024 + (row % 8) * 128 + (((col % 64) / 8) ^ (row % 8)) * 16 + (col % 8) * 2.
-// Narrow tiles [rows, 64]: one atom per 8-row group (1 KB).
+// 128 B whose 16-byte chunks are XOR-swizzled by the row; narrow tiles [rows, 64]: one atom per
+// 8-row group. The byte offsets are wide_offset / narrow_offset.
 template <typename E>
 using WideK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kRows>, Int<kD>>{}, Step<_2, _1>{}));
 template <typename E>
-using HalfWideK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<_32, Int<kD>>{}, Step<_2, _1>{}));
-template <typename E>
 using NarrowK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kRows>, Int<kP>>{}));
+// KV buffers as TMA writes them: 9 tiles of [64 tokens, 64 columns] (8 KB each, one per column
+// tile, tokens at 128 B), read as K [64 tokens, 512] (K-major) and as V^T [512, 64 tokens] (MN-major).
 template <typename E>
-using HalfNarrowK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<_32, Int<kP>>{}));
-// The same latent KV bytes as V^T [512 columns, 64 tokens] (MN-major for the second wgmma).
+using TileK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kTokens>, Int<kD>>{}, Step<_1, _2>{}));
 template <typename E>
-using WideMN = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<E>{}, Shape<Int<kD>, Int<kTokens>>{}, Step<_1, _2>{}));
+using TileMN = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<E>{}, Shape<Int<kD>, Int<kTokens>>{}, Step<_2, _1>{}));
+inline constexpr int kTileBytes = kTokens * 128;
+// A [64, 64] operand held in registers by a warpgroup (wgmma's A fragment for 4 k-steps of 16): the
+// element order of the 64x64 float accumulator, so P converts in place.
+using FragA = Layout<Shape<Shape<_2, _2, _2>, _1, _4>, Stride<Stride<_1, _2, _4>, _0, _8>>;
 
-__host__ __device__ __forceinline__ int wide_offset(int row, int col) {  // bytes, see above
+__host__ __device__ __forceinline__ int wide_offset(int row, int col) {
   return (row >> 3) * 8192 + (col >> 6) * 1024 + (row & 7) * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
-__host__ __device__ __forceinline__ int narrow_offset(int row, int col) {  // bytes, [rows, 64] tiles
+__host__ __device__ __forceinline__ int narrow_offset(int row, int col) {
   return (row >> 3) * 1024 + (row & 7) * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
 
-// Which of its two rows accumulator element i of a thread belongs to: the wgmma accumulator's values
-// run (column pair, row + 8, next 8 columns), so it is bit 1 of i; a compile-time constant in
-// unrolled loops (the per-row state stays in registers).
+// Accumulator element i of a thread in a 64xN wgmma tile: column (i / 4) * 8 + (lane % 4) * 2 + i % 2,
+// row my_row0 + 8 * row_half(i) with my_row0 = 16 * warp + lane / 4.
 __host__ __device__ constexpr int row_half(int i) { return (i >> 1) & 1; }
+__device__ __forceinline__ int acc_col(int i, int wt) { return (i >> 2) * 8 + (wt & 3) * 2 + (i & 1); }
 
-struct alignas(1024) SharedStorage {
+struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   unsigned char q[kRows * kD * 2];
-  unsigned char qpe[kRows * kP * 2];
   unsigned char kv[2][kTokens * kD * 2];
   unsigned char kpe[2][kTokens * kP * 2];
-  unsigned char p[kRows * kTokens * 2];
-  float red[2][kRows];  // per-warpgroup row max (per block) or row sum (at the end)
+  unsigned char p[2][kRows * kTokens * 2];  // P_A (scaled to m_B), P_B
+  float m[2][kRows];                        // m_A, m_B of the current step
+  float sum[2][kRows];                      // per-warpgroup row sums at the end of a segment
+  uint64_t full[2][kTiles];                 // (buffer, tile) has landed
 };
 
 using tilegym_cutlass::commit_async_copies;
 using tilegym_cutlass::cp_async16;
 using tilegym_cutlass::fence_async_shared;
 using tilegym_cutlass::wait_async_copies;
-__device__ __forceinline__ void bar_sync_both() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// Issue the cp.async loads of 64 rows x 576 columns: row i's latent part from lat(i), rope part
-// from rope(i) (nullptr: zero-fill). Thread t takes rows t / 8 and t / 8 + 32, chunks t % 8 + 8 j.
-// Rows without data (nullptr) are zero-filled; their copies name `fallback` (a valid address, never read).
-template <typename T, typename RowPtr>
-__device__ __forceinline__ void load_rows(unsigned char* lat_smem, unsigned char* rope_smem, RowPtr row_ptrs,
-                                          const T* fallback) {
-  const int sub = threadIdx.x & 7;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = (threadIdx.x >> 3) + 32 * half;
-    const auto [lat, rope] = row_ptrs(row);
-    const bool ok = lat != nullptr;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = (sub + 8 * j) * 8;
-      cp_async16(lat_smem + wide_offset(row, col), ok ? lat + col : fallback, ok);
-    }
-    cp_async16(rope_smem + narrow_offset(row, sub * 8), ok ? rope + sub * 8 : fallback, ok);
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Arrives on bar once every cp.async this thread issued so far has landed (the arrival was counted
+// in the barrier's init count).
+__device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// TMA: the box at (c0, c1, c2) of the tensor map at `map` (global memory) -> dst; completes on bar.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
   }
 }
 
-template <typename T>
-struct RowPair {
-  const T* lat;
-  const T* rope;
-};
+// 2^x on the MUFU unit (flushes denormal results to zero; exp2(-inf) = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 }  // namespace tilegym_cute
 
-template <typename T>
+// kLateB = 1: warpgroup 1 scores block B after issuing P_A V_A,R instead of at the start of the step
+// (the two score matmuls run one after the other, and block B has longer to land).
+template <typename T, int kLateB>
 __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
-    const T* __restrict__ q, const T* __restrict__ qpe, const T* __restrict__ kv, const T* __restrict__ kpe,
-    const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
+    const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
-    long long qpe_sq, long long qpe_sh, long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1,
-    long long table_sb, float qk_scale_log2) {
+    long long qpe_sq, long long qpe_sh, long long table_sb, float qk_scale_log2,
+    const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kpe_map, int box_rows) {
   using namespace cute;
   using namespace tilegym_cute;
   using E = typename Types<T>::E;
 
   // The swizzled layouts need 1 KB alignment: the launch asks for sizeof(SharedStorage) + 1 KB.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const unsigned misalign = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) & 1023u;
+  const unsigned misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;  // warpgroup: tokens [32 wg, 32 wg + 32) of S, columns [256 wg, 256 wg + 256) of O
+  const int wg = tid / 128;  // 0: block A, O columns 0..255; 1: block B, O columns 256..511
   const int wt = tid % 128;  // thread inside its warpgroup
   const int piece = blockIdx.x;
   const int r0 = blockIdx.y * kRows;
@@ -175,28 +224,32 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
   const int start = piece * per;
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
+  const int my_row0 = (wt / 32) * 16 + (wt % 32) / 4;  // this thread's accumulator rows: + 0, + 8
+
+  if (tid == 0) {
+    for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
+  }
+  __syncthreads();
 
   auto mma_s = make_tiled_mma(typename Types<T>::MmaS{});
-  auto mma_o = make_tiled_mma(typename Types<T>::MmaO{});
+  auto mma_s_rope = make_tiled_mma(typename Types<T>::MmaSRope{});
+  auto mma_local = make_tiled_mma(typename Types<T>::MmaOLocal{});
+  auto mma_remote = make_tiled_mma(typename Types<T>::MmaORemote{});
   auto thr_s = mma_s.get_slice(wt);
-  auto thr_o = mma_o.get_slice(wt);
+  auto thr_s_rope = mma_s_rope.get_slice(wt);
+  auto thr_local = mma_local.get_slice(wt);
+  auto thr_remote = mma_remote.get_slice(wt);
 
-  // Shared-memory tensors (wgmma operands).
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.q)), WideK<E>{});
-  Tensor sQpe = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.qpe)), NarrowK<E>{});
-  Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p)), NarrowK<E>{});
-  auto tSrQ = thr_s.partition_fragment_A(sQ);
-  auto tSrQpe = thr_s.partition_fragment_A(sQpe);
-  auto tOrP = thr_o.partition_fragment_A(sP);
+  auto tSrQ = thr_s.partition_fragment_A(sQ);  // (MMA, 1, 32) descriptors
+  Tensor rQpe = make_tensor<E>(FragA{});       // the rope query, registers
+  Tensor rP = make_tensor<E>(FragA{});         // this warpgroup's P, registers
+  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kTokens>>{});
+  Tensor acc_o = partition_fragment_C(mma_local, Shape<Int<kRows>, _256>{});
+  uint32_t* rP32 = reinterpret_cast<uint32_t*>(rP.data());
+  uint32_t* rQpe32 = reinterpret_cast<uint32_t*>(rQpe.data());
 
-  // Which rows / columns each accumulator element holds.
-  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<Int<kRows>, _32>{}));
-  Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<Int<kRows>, _256>{}));
-  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kRows>, _32>{});
-  Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<kRows>, _256>{});
-  // The two rows this thread holds (wgmma accumulator layout: warp w of the group has rows
-  // 16 w .. 16 w + 15, lane l rows l / 4 and l / 4 + 8); slot = (row / 8) % 2.
-  const int my_row0 = (wt / 32) * 16 + (wt % 32) / 4;
+  int parity[2] = {0, 0};  // of each buffer's barriers
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b];
@@ -207,38 +260,92 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;
     const int len = lens[b];
+    const int first_blk = lo - row_begin, end_blk = hi - row_begin;
 
     const int* table_row = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
-    auto token_rows = [&](int blk) {
-      return [=](int i) {
-        const int pos = blk * kTokens + i;
-        if (pos >= len) return RowPair<T>{nullptr, nullptr};
-        long long lat_off, rope_off;
+    // This warpgroup's tiles of block blk into buffer buf by TMA, issued by its first warp: boxes of
+    // box_rows tokens (a dense row's whole block, or the part of one page), lane l taking boxes
+    // l, l + 32, ...; boxes wholly past the row's length are skipped (their bytes not expected).
+    auto issue_block = [&](int blk, int buf) {
+      if (wt >= 32) return;
+      const int rem = len - blk * kTokens;
+      const int boxes = min(kTokens / box_rows, (rem + box_rows - 1) / box_rows);
+      const int t0 = wg == 0 ? 0 : kLeftTiles, t1 = wg == 0 ? kLeftTiles : kTiles;
+      if (wt == 0) {
+        for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * 128);
+      }
+      for (int box = wt; box < boxes; box += 32) {
+        const int pos = blk * kTokens + box * box_rows;
+        int row = pos, unit = b;
         if (paged) {
-          const long long page = tilegym_cutlass::page_of(table_row, pos, page_size, num_pages);
-          const long long in_page = pos % page_size;
-          lat_off = page * kv_s0 + in_page * kv_s1;
-          rope_off = page * kpe_s0 + in_page * kpe_s1;
-        } else {
-          lat_off = b * kv_s0 + pos * kv_s1;
-          rope_off = b * kpe_s0 + pos * kpe_s1;
+          unit = tilegym_cutlass::page_of(table_row, pos, page_size, num_pages);
+          row = pos % page_size;
         }
-        return RowPair<T>{kv + lat_off, kpe + rope_off};
-      };
+        for (int t = t0; t < t1; ++t) {
+          unsigned char* dst = t < 8 ? smem.kv[buf] + t * kTileBytes : smem.kpe[buf];
+          tma_load_3d(dst + box * box_rows * 128, t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,
+                      &smem.full[buf][t]);
+        }
+      }
     };
-
+    // V rows at or past the row's length (a partial last block) -> zero, in the tiles this warpgroup
+    // reads for P V, once they have landed; positions past the length may hold anything (NaN).
+    auto clear_tail = [&](int blk, int buf) {
+      const int valid = len - blk * kTokens;
+      if (valid >= kTokens) return;
+      const int t0 = wg == 0 ? 0 : kLeftTiles;
+      for (int t = t0; t < t0 + kLeftTiles; ++t) mbar_wait(&smem.full[buf][t], parity[buf]);
+      for (int i = valid * 8 + wt; i < kTokens * 8; i += 128) {  // 16-byte chunks of rows >= valid
+        for (int t = t0; t < t0 + kLeftTiles; ++t)
+          *reinterpret_cast<uint4*>(smem.kv[buf] + t * kTileBytes + i * 16) = make_uint4(0, 0, 0, 0);
+      }
+      fence_async_shared();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
+    };
     __syncthreads();  // the previous segment is done with every buffer
-    load_rows(smem.q, smem.qpe, [&](int i) {
-      const int r = r0 + i;
-      if (r >= query_rows) return RowPair<T>{nullptr, nullptr};
-      const int token = r / heads, head = r - token * heads;
-      return RowPair<T>{q + b * q_sb + token * q_sq + head * q_sh, qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh};
-    }, q);
-    const int first_blk = lo - row_begin, end_blk = hi - row_begin;
-    load_rows(smem.kv[0], smem.kpe[0], token_rows(first_blk), kv);
-    commit_async_copies();
+    {
+      // Q's latent part -> shared memory (all threads: rows tid / 8 and tid / 8 + 32, 8 chunks each).
+      const int sub = tid & 7;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = (tid >> 3) + 32 * half;
+        const int r = r0 + i;
+        const bool ok = r < query_rows;
+        const int token = ok ? r / heads : 0, head = ok ? r - token * heads : 0;
+        const T* row = q + b * q_sb + token * q_sq + head * q_sh;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int col = (sub + 8 * j) * 8;
+          cp_async16(smem.q + wide_offset(i, col), ok ? row + col : q, ok);
+        }
+      }
+      commit_async_copies();
+    }
+    issue_block(first_blk, 0);
+    if (first_blk + 1 < end_blk) issue_block(first_blk + 1, 1);
+    // The rope query as A fragments: element i of k-step s is row my_row0 + 8 * ((i / 2) % 2),
+    // column 16 s + (wt % 4) * 2 + 8 * ((i / 4) % 2) + i % 2.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = r0 + my_row0 + 8 * k;
+      const bool ok = r < query_rows;
+      const int token = ok ? r / heads : 0, head = ok ? r - token * heads : 0;
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int col = 16 * s + (wt & 3) * 2 + 8 * h;
+          rQpe32[4 * s + 2 * h + k] = ok ? row[col / 2] : 0u;
+        }
+      }
+    }
+    wait_async_copies<0>();  // Q (the KV copies are tracked by the barriers, not by groups)
+    fence_async_shared();
+    __syncthreads();
 
-    // Per-row state of this thread's two rows: running max (log2 units), this thread's share of the sum.
+    // Per-row state of this thread's two rows: running max (log2 units), this warpgroup's share of
+    // the sum (this thread's columns), the causal limit.
     float m[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.f, 0.f};
     int limit[2];
@@ -249,100 +356,199 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     }
     clear(acc_o);
 
-    for (int blk = first_blk; blk < end_blk; ++blk) {
-      const int stage = (blk - first_blk) & 1;
-      if (blk + 1 < end_blk) {
-        load_rows(smem.kv[stage ^ 1], smem.kpe[stage ^ 1], token_rows(blk + 1), kv);
-        commit_async_copies();
-        wait_async_copies<1>();
+    for (int blk_a = first_blk; blk_a < end_blk; blk_a += 2) {
+      const int blk_b = blk_a + 1;
+      const bool has_b = blk_b < end_blk;
+      const int buf = wg;  // the buffer whose block this warpgroup scores
+      const int my_blk = wg == 0 ? blk_a : blk_b;
+      float p[32];  // this warpgroup's probabilities (float), accumulator order
+      float row_max[2];
+
+      // S = Q K^T over this warpgroup's block, tile by tile as the tiles land; scaled, masked, row maxima.
+      auto score_block = [&]() __attribute__((always_inline)) {
+        Tensor sK = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileK<E>{});
+        Tensor sKpe = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kpe[buf])), NarrowK<E>{});
+        auto tSrK = thr_s.partition_fragment_B(sK);
+        auto tSrKpe = thr_s_rope.partition_fragment_B(sKpe);
+        mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+        mma_s_rope.accumulate_ = GMMA::ScaleOut::One;
+        auto score_tile = [&](auto tile) {
+          constexpr int t = decltype(tile)::value;
+          mbar_wait(&smem.full[buf][t], parity[buf]);  // TMA wrote through the async proxy, as wgmma reads
+          warpgroup_fence_operand(acc_s);
+          warpgroup_arrive();
+          if constexpr (t < 8) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+              gemm(mma_s, tSrQ(_, _, 4 * t + s), tSrK(_, _, 4 * t + s), acc_s);
+              mma_s.accumulate_ = GMMA::ScaleOut::One;
+            }
+          } else {
+            warpgroup_fence_operand(rQpe);
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+              gemm(mma_s_rope, rQpe(_, _, s), tSrKpe(_, _, s), acc_s);
+          }
+          warpgroup_commit_batch();
+        };
+        if (wg == 0) {
+          score_tile(Int<0>{}), score_tile(Int<1>{}), score_tile(Int<2>{}), score_tile(Int<3>{});
+          score_tile(Int<4>{}), score_tile(Int<5>{}), score_tile(Int<6>{}), score_tile(Int<7>{});
+          score_tile(Int<8>{});
+        } else {
+          score_tile(Int<4>{}), score_tile(Int<5>{}), score_tile(Int<6>{}), score_tile(Int<7>{});
+          score_tile(Int<8>{});
+          score_tile(Int<0>{}), score_tile(Int<1>{}), score_tile(Int<2>{}), score_tile(Int<3>{});
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_s);
+        warpgroup_fence_operand(rQpe);
+        // Scale and mask.
+        const int pos0 = my_blk * kTokens;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int pos = pos0 + acc_col(i, wt);
+          p[i] = pos < limit[row_half(i)] ? acc_s(i) * qk_scale_log2 : -INFINITY;
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int i = 2 * k; i < 32; i += 4) mx = fmaxf(mx, fmaxf(p[i], p[i + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+          row_max[k] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        }
+      };
+      if (wg == 0 || (has_b && !kLateB)) score_block();
+
+      // Helpers of both warpgroups: O (this warpgroup's half) += P . V_half of buffer buf, with P from
+      // registers (rP) or from shared memory (smem.p[src]).
+      auto pv_local = [&](int buf) __attribute__((always_inline)) {
+        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
+        auto tOrV = thr_local.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
+        warpgroup_fence_operand(rP);
+        warpgroup_fence_operand(acc_o);
+        warpgroup_arrive();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
+        warpgroup_commit_batch();
+      };
+      auto pv_remote = [&](int buf) __attribute__((always_inline)) {
+        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[buf])), NarrowK<E>{});
+        auto tOrP = thr_remote.partition_fragment_A(sP);
+        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
+        auto tOrV = thr_remote.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
+        warpgroup_fence_operand(acc_o);
+        warpgroup_arrive();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
+        warpgroup_commit_batch();
+      };
+      auto scale_o = [&](const float (&scale)[2]) __attribute__((always_inline)) {
+#pragma unroll
+        for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];
+      };
+      // P = exp2(S - m) for this warpgroup's block -> registers (rP) and shared memory (smem.p[buf]);
+      // this thread's share of the row sums.
+      auto softmax_to = [&](int buf, const float (&safe)[2]) __attribute__((always_inline)) {
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+          const int k = row_half(i);
+          p[i] = fast_exp2(p[i] - safe[k]);
+          p[i + 1] = fast_exp2(p[i + 1] - safe[k]);
+          l[k] += p[i] + p[i + 1];
+          rP32[i / 2] = Types<T>::pack(p[i], p[i + 1]);
+          *reinterpret_cast<uint32_t*>(smem.p[buf] + narrow_offset(my_row0 + 8 * k, acc_col(i, wt))) = rP32[i / 2];
+        }
+        fence_async_shared();
+      };
+
+      if (wg == 0) {
+        // m_A = max(m, rowmax S_A); O_L, l to m_A; P_A -> WG1 with m_A; O_L += P_A V_A,L.
+        float m_a[2], scale[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          m_a[k] = fmaxf(m[k], row_max[k]);
+          // A row that has seen no token keeps m = -inf: shift by 0 then (no inf - inf).
+          const float safe = m_a[k] == -INFINITY ? 0.f : m_a[k];
+          scale[k] = fast_exp2(m[k] - safe);
+          l[k] *= scale[k];
+          m[k] = safe;  // for softmax_to
+          if ((wt & 3) == 0) smem.m[0][my_row0 + 8 * k] = m_a[k];
+        }
+        scale_o(scale);
+        softmax_to(0, m);
+        bar_arrive(kBarMaxA);
+        clear_tail(blk_a, 0);
+        pv_local(0);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        warpgroup_fence_operand(rP);
+        if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,L and K_A are no longer read here
+        // m_B from WG1 (it arrives on every step; without a block B, m_B = m_A).
+        bar_wait(kBarMaxB);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float m_b = has_b ? smem.m[1][my_row0 + 8 * k] : m_a[k];
+          scale[k] = fast_exp2(m_a[k] - (m_b == -INFINITY ? 0.f : m_b));
+          l[k] *= scale[k];
+          m[k] = m_b;
+        }
+        if (has_b) {
+          scale_o(scale);
+          clear_tail(blk_b, 1);
+          pv_remote(1);  // O_L += P_B V_B,L
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_o);
+          if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,L is no longer read
+        }
       } else {
-        wait_async_copies<0>();
-      }
-      fence_async_shared();
-      __syncthreads();
-
-      // S_w = Q . K_w^T over this warpgroup's 32 tokens.
-      E* kv_stage = reinterpret_cast<E*>(smem.kv[stage]);
-      E* kpe_stage = reinterpret_cast<E*>(smem.kpe[stage]);
-      Tensor sK = make_tensor(make_smem_ptr(kv_stage + wg * 32 * kD), HalfWideK<E>{});
-      Tensor sKpe = make_tensor(make_smem_ptr(kpe_stage + wg * 32 * kP), HalfNarrowK<E>{});
-      auto tSrK = thr_s.partition_fragment_B(sK);
-      auto tSrKpe = thr_s.partition_fragment_B(sKpe);
-      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-      warpgroup_fence_operand(acc_s);
-      warpgroup_arrive();
+        // P_A, m_A from WG0: O_R, l to m_A, O_R += P_A V_A,R; then m_B = max(m_A, rowmax S_B), P_B -> WG0,
+        // O_R, l to m_B, O_R += P_B V_B,R.
+        bar_wait(kBarMaxA);
+        float m_a[2], scale[2];
 #pragma unroll
-      for (int k = 0; k < size<2>(tSrQ); ++k) {
-        gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), acc_s);
-        mma_s.accumulate_ = GMMA::ScaleOut::One;
-      }
+        for (int k = 0; k < 2; ++k) {
+          m_a[k] = smem.m[0][my_row0 + 8 * k];
+          scale[k] = fast_exp2(m[k] - (m_a[k] == -INFINITY ? 0.f : m_a[k]));
+          l[k] *= scale[k];
+        }
+        scale_o(scale);
+        clear_tail(blk_a, 0);
+        pv_remote(0);  // O_R += P_A V_A,R
+        if (has_b && kLateB) score_block();  // S_B after P_A V_A,R is issued: buffer B had more time to land
+        float safe_b[2];
 #pragma unroll
-      for (int k = 0; k < size<2>(tSrQpe); ++k) {
-        gemm(mma_s, tSrQpe(_, _, k), tSrKpe(_, _, k), acc_s);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
-
-      // Scale, mask, and this warpgroup's row max.
-      const int pos0 = blk * kTokens + wg * 32;
-      float bmax[2] = {-INFINITY, -INFINITY};
+        for (int k = 0; k < 2; ++k) {
+          m[k] = has_b ? fmaxf(m_a[k], row_max[k]) : m_a[k];
+          safe_b[k] = m[k] == -INFINITY ? 0.f : m[k];
+          scale[k] = fast_exp2(m_a[k] - safe_b[k]);
+          l[k] *= scale[k];
+        }
+        if (has_b) softmax_to(1, safe_b);  // P_B relative to m_B (overlaps P_A V_A,R)
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,R and K_A's rope are no longer read
+        if (has_b) {
 #pragma unroll
-      for (int i = 0; i < size(acc_s); ++i) {
-        const int k = row_half(i);
-        const int pos = pos0 + get<1>(tScS(i));
-        const float s = pos < limit[k] ? acc_s(i) * qk_scale_log2 : -INFINITY;
-        acc_s(i) = s;
-        bmax[k] = fmaxf(bmax[k], s);
+          for (int k = 0; k < 2; ++k)
+            if ((wt & 3) == 0) smem.m[1][my_row0 + 8 * k] = m[k];
+        }
+        bar_arrive(kBarMaxB);  // P_A's buffer is free as well
+        if (has_b) {
+          scale_o(scale);
+          clear_tail(blk_b, 1);
+          pv_local(1);  // O_R += P_B V_B,R
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_o);
+          warpgroup_fence_operand(rP);
+          if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,R and K_B's rope are no longer read
+        }
       }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        bmax[k] = fmaxf(bmax[k], __shfl_xor_sync(0xffffffff, bmax[k], 1));
-        bmax[k] = fmaxf(bmax[k], __shfl_xor_sync(0xffffffff, bmax[k], 2));
-        if ((wt & 3) == 0) smem.red[wg][my_row0 + 8 * k] = bmax[k];
-      }
-      bar_sync_both();
-      float m_safe[2], alpha[2];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int row = my_row0 + 8 * k;
-        const float m_new = fmaxf(m[k], fmaxf(smem.red[0][row], smem.red[1][row]));
-        // A row that has seen no token yet keeps m = -inf: shift by 0 then (no inf - inf).
-        m_safe[k] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[k] = exp2f(m[k] - m_safe[k]);
-        m[k] = m_new;
-        l[k] *= alpha[k];
-      }
-      // P_w = exp2(S_w - m) -> shared memory, rows' sums.
-#pragma unroll
-      for (int i = 0; i < size(acc_s); ++i) {
-        const int row = get<0>(tScS(i));
-        const int k = row_half(i);
-        const float p = exp2f(acc_s(i) - m_safe[k]);
-        l[k] += p;
-        *reinterpret_cast<T*>(smem.p + narrow_offset(row, wg * 32 + get<1>(tScS(i)))) = Types<T>::from_float(p);
-      }
-#pragma unroll
-      for (int i = 0; i < size(acc_o); ++i) {
-        acc_o(i) *= alpha[row_half(i)];
-      }
-      fence_async_shared();
-      bar_sync_both();
-
-      // O_w += P . V_w (this warpgroup's 256 columns, all 64 tokens).
-      Tensor sVt = make_tensor(make_smem_ptr(kv_stage), WideMN<E>{});
-      Tensor sV = local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0));
-      auto tOrV = thr_o.partition_fragment_B(sV);
-      warpgroup_fence_operand(acc_o);
-      warpgroup_arrive();
-#pragma unroll
-      for (int k = 0; k < size<2>(tOrP); ++k) {
-        gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), acc_o);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_o);
-      __syncthreads();  // both warpgroups are done with this stage before it is refilled
+      parity[0] ^= 1;
+      if (has_b) parity[1] ^= 1;
     }
 
     // Row sums: this thread's share -> the quad's -> both warpgroups'.
@@ -350,52 +556,44 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     for (int k = 0; k < 2; ++k) {
       l[k] += __shfl_xor_sync(0xffffffff, l[k], 1);
       l[k] += __shfl_xor_sync(0xffffffff, l[k], 2);
-      if ((wt & 3) == 0) smem.red[wg][my_row0 + 8 * k] = l[k];
+      if ((wt & 3) == 0) smem.sum[wg][my_row0 + 8 * k] = l[k];
     }
-    bar_sync_both();
-    float inv[2];
-    float lse[2];
+    __syncthreads();
+    float inv[2], lse[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int row = my_row0 + 8 * k;
-      const float total = smem.red[0][row] + smem.red[1][row];
+      const float total = smem.sum[0][row] + smem.sum[1][row];
       // A row that saw no token: zeros and lse -inf. NaN in the data makes total NaN: NaN out.
       const bool empty = total == 0.f;
       inv[k] = empty ? 0.f : 1.f / total;
       lse[k] = empty ? -INFINITY : (m[k] + log2f(total)) * kLn2;
     }
-    if (whole) {
-      T* out_base = out + (long long)b * query_rows * kD;
+    const int col0 = wg * 256;
 #pragma unroll
-      for (int i = 0; i < size(acc_o); ++i) {
-        const int row = get<0>(tOcO(i));
-        const int r = r0 + row;
-        if (r < query_rows) {
-          out_base[(long long)r * kD + wg * 256 + get<1>(tOcO(i))] = Types<T>::from_float(acc_o(i) * inv[row_half(i)]);
-        }
+    for (int i = 0; i < 128; i += 2) {
+      const int row = my_row0 + 8 * row_half(i);
+      const int r = r0 + row;
+      if (r >= query_rows) continue;
+      const float sc = inv[row_half(i)];
+      const int col = col0 + acc_col(i, wt);
+      if (whole) {
+        *reinterpret_cast<uint32_t*>(out + ((long long)b * query_rows + r) * kD + col) =
+            Types<T>::pack(acc_o(i) * sc, acc_o(i + 1) * sc);
+      } else {
+        *reinterpret_cast<float2*>(part_out + (slot * query_rows + r) * kD + col) =
+            make_float2(acc_o(i) * sc, acc_o(i + 1) * sc);
       }
-      if (write_lse && wg == 0 && (wt & 3) == 0) {
+    }
+    if (wg == 0 && (wt & 3) == 0) {
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int r = r0 + my_row0 + 8 * k;
-          if (r < query_rows) out_lse[(long long)b * query_rows + r] = lse[k];
-        }
-      }
-    } else {
-      float* part_base = part_out + slot * query_rows * kD;
-#pragma unroll
-      for (int i = 0; i < size(acc_o); ++i) {
-        const int row = get<0>(tOcO(i));
-        const int r = r0 + row;
-        if (r < query_rows) {
-          part_base[(long long)r * kD + wg * 256 + get<1>(tOcO(i))] = acc_o(i) * inv[row_half(i)];
-        }
-      }
-      if (wg == 0 && (wt & 3) == 0) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int r = r0 + my_row0 + 8 * k;
-          if (r < query_rows) part_lse[slot * query_rows + r] = lse[k];
+      for (int k = 0; k < 2; ++k) {
+        const int r = r0 + my_row0 + 8 * k;
+        if (r >= query_rows) continue;
+        if (whole) {
+          if (write_lse) out_lse[(long long)b * query_rows + r] = lse[k];
+        } else {
+          part_lse[slot * query_rows + r] = lse[k];
         }
       }
     }

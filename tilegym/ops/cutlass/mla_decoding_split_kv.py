@@ -3,8 +3,8 @@
 Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persistent CTAs, each taking
 one piece; a segment that is a whole row writes the final output, the others float32 partials.
 Two stage-1 kernels:
-  - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma): bf16/fp16 caches, CTAs of 256 threads per
-    (piece, 64-row query group), 1-128 query rows;
+  - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
+    (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors;
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V): the fp8
     caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query rows, where decoding is bound
     by the cache bytes; CTAs of 128 threads, several per SM.
@@ -30,27 +30,28 @@ from tilegym.utils import cdiv
 
 HEADER = "mla_decoding_split_kv.cuh"
 KERNEL = "mla_decode_cute_split_kernel"
-SEESAW_HEADER = "mla_decoding_split_kv_seesaw.cuh"
-SEESAW_KERNEL = "mla_decode_cute_seesaw_kernel"
 COMBINE_HEADER = "mla_decoding_combine.cuh"
 COMBINE_KERNEL = "mla_decode_cute_combine_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
 ROWS_PER_CTA = 64  # query rows per CTA (the wgmma M)
 TOKENS_PER_BLOCK = 64  # KV tokens per step: the schedule's block
 THREADS = 256  # two warpgroups
-# Shared memory: Q (72 KB) + 2 stages of KV (144 KB) + P (8 KB) + 512 B of row statistics, in the
-# kernel's SharedStorage (1 KB aligned), plus 1 KB so the kernel can align the dynamic buffer.
-SHARED_BYTES = 64 * 576 * 2 * 3 + 64 * 64 * 2 + 1024 + 1024
-# The seesaw kernel: Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B (16 KB) + row maxima and
-# sums (1 KB) + 18 mbarriers, plus 1 KB so the kernel can align the dynamic buffer.
-SEESAW_SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 18 * 8 + 1024
+# Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
+# (16 KB) + row maxima and sums (1 KB) + 18 mbarriers, plus 1 KB so the kernel can align the buffer.
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 18 * 8 + 1024
+# Warpgroup 1 scores block B after P_A V_A,R when the plan has this many 64-row groups or more (H200,
+# one call: 64 x 4096 x 128 217.7 -> 201.9 us, 128 x 8192 x 128 727.6 -> 701.3; one group: 106.0 ->
+# 111.1 us at 64 x 4096 x 64).
+LATE_B_FROM_GROUPS = 2
+MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 COMBINE_THREADS = 128
 MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
-SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float")
+SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, per, piece rows
+SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", *("const __grid_constant__ CUtensorMap",) * 2, "int")
 
 FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
 FP8_KERNEL = "mla_decode_fp8_split_kernel"
@@ -84,7 +85,7 @@ TILE_ALIGN = 1024  # wgmma's swizzled tiles start on 1 KB boundaries: the kernel
 
 
 def tma_box_rows(call: MLADecodeCall) -> int:
-    """Tokens per TMA box of the seesaw kernel: a whole 64-token block of a dense row (fewer when the
+    """Tokens per TMA box of the split kernel: a whole 64-token block of a dense row (fewer when the
     cache holds fewer tokens per row), or the largest part of a block that stays inside one page."""
     if call.is_paged:
         return math.gcd(call.page_size, TOKENS_PER_BLOCK)
@@ -144,24 +145,11 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype) -> CudaKernel:
-    """The split kernel for ``dtype`` (bf16 or fp16) inputs."""
+def split_kernel(dtype: torch.dtype, late_b: bool = False) -> CudaKernel:
+    """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``late_b``: see LATE_B_FROM_GROUPS."""
     ctype = C_TYPES[dtype]
-    pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(HEADER, KERNEL, (ctype,), (*pointers, *SPLIT_PARAMS))
-
-
-@functools.cache
-def seesaw_kernel(dtype: torch.dtype, debug: int = 0) -> CudaKernel:
-    """The seesaw split kernel for ``dtype`` (bf16 or fp16) inputs (same signature as split_kernel)."""
-    ctype = C_TYPES[dtype]
-    pointers = (*(f"const {ctype}*",) * 4, *("const int*",) * 6, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(
-        SEESAW_HEADER,
-        SEESAW_KERNEL,
-        (ctype, debug),
-        (*pointers, *SPLIT_PARAMS, *("const __grid_constant__ CUtensorMap",) * 2, "int"),
-    )
+    pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
+    return CudaKernel(HEADER, KERNEL, (ctype, int(late_b)), (*pointers, *SPLIT_PARAMS))
 
 
 @functools.cache
@@ -197,7 +185,7 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
-    kernels = [k for d in C_TYPES for k in (split_kernel(d), seesaw_kernel(d), combine_kernel(d))]
+    kernels = [k for d in C_TYPES for k in (split_kernel(d), split_kernel(d, True), combine_kernel(d))]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
 
@@ -353,6 +341,7 @@ class CutlassDecodePlan:
         self._combine_schedule = (*self._workspace, s.cum_blocks.data_ptr(), s.blocks_per_program.data_ptr())
         self._combine_sizes = (rows, int(call.return_lse))
         grid = (shape.programs, groups, 1)
+        self.groups = groups
         self._maps: dict[tuple[int, int], tuple[bytes, bytes]] = {}
         self._launch_split = self._split_kernel().bind(
             self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
@@ -360,31 +349,27 @@ class CutlassDecodePlan:
         combine = combine_kernel(call.q.dtype)
         self._launch_combine = combine.bind(self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1))
 
-    variant = "seesaw"
-
     def _split_kernel(self) -> CudaKernel:
-        if self.variant.startswith("seesaw"):
-            return seesaw_kernel(self.call.q.dtype, int(self.variant[6:] or 0))
-        return split_kernel(self.call.q.dtype)
+        return split_kernel(self.call.q.dtype, self.groups >= LATE_B_FROM_GROUPS)
 
     def _shared_bytes(self) -> int:
-        return SEESAW_SHARED_BYTES if self.variant.startswith("seesaw") else SHARED_BYTES
+        return SHARED_BYTES
 
     def _cache_strides(self) -> tuple[int, ...]:
-        """The cache strides the split kernel takes (elements of kv and kpe, batch/page then token)."""
-        return (*self.call.kv.stride()[:2], *self.call.kpe.stride()[:2])
+        """The cache strides the split kernel takes (none: its TMA maps hold them)."""
+        return ()
 
     def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        return (kv.data_ptr(), kpe.data_ptr())
+        return ()
 
-    def _trailing_args(self, kv: torch.Tensor, kpe: torch.Tensor) -> tuple[bytes | int, ...]:
-        """The seesaw kernel's TMA maps of this call's cache tensors (encoded once per pair of
-        addresses) and box height."""
-        if not self.variant.startswith("seesaw"):
-            return ()
+    def _tensor_maps(self, kv: torch.Tensor, kpe: torch.Tensor) -> tuple[bytes | int, ...]:
+        """The TMA maps of this call's cache tensors and the box height: encoded on the host once per
+        pair of addresses (a few kept), passed by value, so graph capture sees no copy."""
         key = (kv.data_ptr(), kpe.data_ptr())
         maps = self._maps.get(key)
         if maps is None:
+            if len(self._maps) >= MAPS_KEPT:
+                self._maps.clear()
             rows = tma_box_rows(self.call)
             maps = self._maps[key] = (encode_tile_map(kv, rows), encode_tile_map(kpe, rows))
         return (*maps, tma_box_rows(self.call))
@@ -414,7 +399,7 @@ class CutlassDecodePlan:
             lse_ptr,
             *self._workspace,
             *self._split_sizes,
-            *self._trailing_args(kv, kpe),
+            *self._tensor_maps(kv, kpe),
         )
         self._launch_split(split_args, stream)
         self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
@@ -425,7 +410,6 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     rows_per_cta = FP8_MAX_QUERY_ROWS
     threads = FP8_THREADS
-    variant = "fp8"
 
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
         """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
@@ -459,6 +443,9 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
                 f"{CACHE_ALIGN}-byte boundaries, got addresses {[hex(p) for p in copied]}"
             )
         return pointers
+
+    def _tensor_maps(self, kv: torch.Tensor, kpe: torch.Tensor) -> tuple[bytes | int, ...]:
+        return ()  # the fp8 kernel copies with cp.async
 
 
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:
