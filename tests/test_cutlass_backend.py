@@ -57,6 +57,13 @@ def test_batches_beyond_the_combine_grid_are_refused_with_a_reason() -> None:
     ]
 
 
+def test_a_cache_expanded_over_the_batch_is_refused_with_a_reason() -> None:
+    x = make_mla_inputs(1, 16, 64)
+    q, qpe, cache = (t.expand(3, *t.shape[1:]) for t in (x.q, x.qpe, x.cache))  # batch stride 0
+    reasons = cutlass_mla.supports(validate_mla_decoding(q, qpe, cache[..., :512], cache[..., 512:]))
+    assert len(reasons) == 2 and all("by TMA" in r and "[0, 1152] bytes" in r for r in reasons), reasons
+
+
 @pytest.mark.parametrize(("capability", "found"), [((8, 0), "sm_80"), ((10, 0), "sm_100")])
 def test_probe_names_hopper_as_the_only_arch(monkeypatch: pytest.MonkeyPatch, capability, found: str) -> None:
     import tilegym.ops.cutlass as backend

@@ -1,7 +1,9 @@
 // Shared helpers of the cutlass backend's kernels (mla_decoding_split_kv.cuh, the wgmma kernel, and
 // mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies, the proxy fence before wgmma reads
-// them, and the page lookup of the split schedule's cache layouts.
+// them, shared addresses, exp2, and the page lookup of the split schedule's cache layouts.
 #pragma once
+
+#include <stdint.h>
 
 namespace tilegym_cutlass {
 
@@ -21,8 +23,17 @@ __device__ __forceinline__ void wait_async_copies() {  // all but the N newest g
 // and a barrier.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Pulls the 128-byte line holding p into L2 (no data returned, nothing to wait for).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+// The shared-state-space address of a pointer into shared memory (what PTX shared:: operands take).
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 2^x on the MUFU unit (flushes denormal results to zero; 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Batch row b's page list: a block-table row (paged), or kv_indices[kv_indptr[b]:] (ragged, the
 // start clamped to the list). Unused for dense caches.

@@ -107,10 +107,10 @@ struct Types<__half> {
   }
 };
 
-// Shared-memory layouts (element type E, 2 bytes). Latent tiles [rows, 512]: 8-row groups of
-// 8 KB, inside a group the eight 64-column atoms side by side (1 KB each), inside an atom 8 rows of
-// 128 B whose 16-byte chunks are XOR-swizzled by the row; narrow tiles [rows, 64]: one atom per
-// 8-row group. The byte offsets are wide_offset / narrow_offset.
+// Shared-memory layouts (element type E, 2 bytes). Q's latent tile [64, 512]: 8-row groups of 8 KB,
+// inside a group the eight 64-column atoms side by side (1 KB each), inside an atom 8 rows of 128 B
+// whose 16-byte chunks are XOR-swizzled by the row; narrow tiles [64, 64] (P, the rope tile): one
+// atom per 8-row group. The byte offsets are wide_offset / narrow_offset.
 template <typename E>
 using WideK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kRows>, Int<kD>>{}, Step<_2, _1>{}));
 template <typename E>
@@ -142,7 +142,7 @@ struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   unsigned char q[kRows * kD * 2];
   unsigned char kv[2][kTokens * kD * 2];
   unsigned char kpe[2][kTokens * kP * 2];
-  unsigned char p[2][kRows * kTokens * 2];  // P_A (scaled to m_B), P_B
+  unsigned char p[2][kRows * kTokens * 2];  // P_A (relative to m_A), P_B (to m_B)
   float m[2][kRows];                        // m_A, m_B of the current step
   float sum[2][kRows];                      // per-warpgroup row sums at the end of a segment
   uint64_t full[2][kTiles];                 // (buffer, tile) has landed
@@ -153,26 +153,23 @@ using tilegym_cutlass::cp_async16;
 using tilegym_cutlass::fence_async_shared;
 using tilegym_cutlass::wait_async_copies;
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+using tilegym_cutlass::fast_exp2;
+using tilegym_cutlass::shared_address;
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// Arrives on bar once every cp.async this thread issued so far has landed (the arrival was counted
-// in the barrier's init count).
-__device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
 }
-// TMA: the box at (c0, c1, c2) of the tensor map at `map` (global memory) -> dst; completes on bar.
+// TMA: the box at (c0, c1, c2) of the tensor map at `map` (a __grid_constant__ parameter) -> dst;
+// its bytes complete on bar.
 __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+          shared_address(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(bar))
       : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
@@ -181,16 +178,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
+        : "r"(shared_address(bar)), "r"(parity)
         : "memory");
   }
-}
-
-// 2^x on the MUFU unit (flushes denormal results to zero; exp2(-inf) = 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 }  // namespace tilegym_cute
@@ -212,7 +202,7 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
 
   // The swizzled layouts need 1 KB alignment: the launch asks for sizeof(SharedStorage) + 1 KB.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const unsigned misalign = smem_addr(smem_raw) & 1023u;
+  const unsigned misalign = shared_address(smem_raw) & 1023u;
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
 
   const int tid = threadIdx.x;

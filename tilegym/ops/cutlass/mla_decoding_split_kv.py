@@ -44,6 +44,7 @@ SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 
 # 111.1 us at 64 x 4096 x 64).
 LATE_B_FROM_GROUPS = 2
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
+MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
 MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
@@ -262,6 +263,9 @@ def supports(call: MLADecodeCall) -> list[str]:
         return [f"cutlass supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
     if call.batch > MAX_GRID_Y:
         return [f"cutlass launches its combine with the batch on grid.y: at most {MAX_GRID_Y} rows, got {call.batch}"]
+    reasons = [] if call.kv_format in FP8_FORMATS else _tensor_map_reasons(call)
+    if reasons:
+        return reasons
     reasons = _arch_reasons(call)
     if reasons:
         return reasons
@@ -270,6 +274,21 @@ def supports(call: MLADecodeCall) -> list[str]:
             reasons.append(
                 f"no cached cubin for the {call.q.dtype} {stage} kernel on sm_90a and no nvcc with the CUTLASS "
                 "headers (run `python -m tilegym precompile --backend cutlass`)"
+            )
+    return reasons
+
+
+def _tensor_map_reasons(call: MLADecodeCall) -> list[str]:
+    """What a TMA map of the cache cannot describe: a batch/page or token stride of zero (an
+    expanded tensor) or of 2^40 bytes or more."""
+    reasons = []
+    for name in ("kv", "kpe"):
+        t = getattr(call, name)
+        strides = [st * t.element_size() for st in t.stride()[:2]]
+        if not all(0 < st < MAX_TMA_STRIDE for st in strides):
+            reasons.append(
+                f"cutlass reads {name} by TMA: its batch/page and token strides must be positive and below 2^40 "
+                f"bytes, got {strides} bytes"
             )
     return reasons
 

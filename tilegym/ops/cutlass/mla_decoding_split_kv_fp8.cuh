@@ -110,13 +110,8 @@ __device__ __forceinline__ TileDesc tile_desc(uint32_t smem_addr, int group_stri
 }
 __device__ __forceinline__ TileDesc desc128(uint32_t smem_addr) { return tile_desc(smem_addr, 1024, 1); }
 __device__ __forceinline__ TileDesc desc64(uint32_t smem_addr) { return tile_desc(smem_addr, 512, 2); }
-__device__ __forceinline__ uint32_t shared_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-// 2^x (MUFU, flushes denormal results to zero: weights below 2^-126 of the row's largest).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using tilegym_cutlass::fast_exp2;  // flushes weights below 2^-126 of the row's largest to zero
+using tilegym_cutlass::shared_address;
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>  // until at most kPending committed groups are still running
