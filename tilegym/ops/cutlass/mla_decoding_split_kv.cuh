@@ -58,6 +58,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/arch/mma_sm90.hpp>
@@ -80,30 +82,27 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 inline constexpr int kBarMaxA = 1;  // WG0 -> WG1: m_A and P_A
 inline constexpr int kBarMaxB = 2;  // WG1 -> WG0: m_B and P_B (and P_A's buffer is free)
 
+// The input type's CuTe element type and its wgmma atoms (CuTe picks the instruction from the
+// element types, tile shape and operand majors): scores S = Q K^T (64x64x16, Q from shared memory;
+// the rope k-steps with Q from registers) and O += P V (64x256x16, P from registers or shared).
 template <typename T>
-struct Types;
-template <>
-struct Types<__nv_bfloat16> {
-  using E = cute::bfloat16_t;
-  using MmaS = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
-  using MmaSRope = SM90_64x64x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::K>;
-  using MmaOLocal = SM90_64x256x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::MN>;
-  using MmaORemote = SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>;
+struct Types {
+  using E = std::conditional_t<std::is_same_v<T, __half>, cute::half_t, cute::bfloat16_t>;
+  using MmaS = decltype(GMMA::ss_op_selector<E, E, float, Shape<_64, _64, _16>, GMMA::Major::K, GMMA::Major::K>());
+  using MmaSRope = decltype(GMMA::rs_op_selector<E, E, float, Shape<_64, _64, _16>, GMMA::Major::K, GMMA::Major::K>());
+  using MmaOLocal = decltype(GMMA::rs_op_selector<E, E, float, Shape<_64, _256, _16>, GMMA::Major::K, GMMA::Major::MN>());
+  using MmaORemote = decltype(GMMA::ss_op_selector<E, E, float, Shape<_64, _256, _16>, GMMA::Major::K, GMMA::Major::MN>());
+  // Two floats rounded to T, packed as one 32-bit register (lo in the low half).
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-};
-template <>
-struct Types<__half> {
-  using E = cute::half_t;
-  using MmaS = SM90_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>;
-  using MmaSRope = SM90_64x64x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::K>;
-  using MmaOLocal = SM90_64x256x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::MN>;
-  using MmaORemote = SM90_64x256x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::MN>;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
+    uint32_t bits;
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      memcpy(&bits, &v, 4);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      memcpy(&bits, &v, 4);
+    }
+    return bits;
   }
 };
 

@@ -361,7 +361,7 @@ class CutlassDecodePlan:
         self._combine_sizes = (rows, int(call.return_lse))
         grid = (shape.programs, groups, 1)
         self.groups = groups
-        self._maps: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        self._maps: dict[tuple[int, int], tuple[bytes, bytes, int]] = {}
         self._launch_split = self._split_kernel().bind(
             self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
         )
@@ -385,13 +385,13 @@ class CutlassDecodePlan:
         """The TMA maps of this call's cache tensors and the box height: encoded on the host once per
         pair of addresses (a few kept), passed by value, so graph capture sees no copy."""
         key = (kv.data_ptr(), kpe.data_ptr())
-        maps = self._maps.get(key)
-        if maps is None:
+        args = self._maps.get(key)
+        if args is None:
             if len(self._maps) >= MAPS_KEPT:
                 self._maps.clear()
             rows = tma_box_rows(self.call)
-            maps = self._maps[key] = (encode_tile_map(kv, rows), encode_tile_map(kpe, rows))
-        return (*maps, tma_box_rows(self.call))
+            args = self._maps[key] = (encode_tile_map(kv, rows), encode_tile_map(kpe, rows), rows)
+        return args
 
     def refresh(self) -> None:
         self.schedule.refresh()
