@@ -3,8 +3,8 @@
     python benchmarks/sweep_cutlass_fp8.py [--shapes 64x4096x16,128x8192x16] [--formats fp8,fp8_ds_mla]
     python benchmarks/sweep_cutlass_fp8.py --precompile   # on the CPU machine: build every variant
 
-For each shape and format it plans the call once per ``Fp8Config`` (stages, CTAs per SM, k-steps
-per score accumulator, fewest blocks per schedule piece) that fits in shared memory, checks the
+For each shape and format it plans the call once per ``Fp8Config`` (stages, warpgroups, CTAs per SM,
+k-steps per score accumulator, fewest blocks per schedule piece) that fits in shared memory, checks the
 output and lse against float64, times CUDA-graph replays over rotating input sets and prints one
 table per shape, fastest first, with the same-run copy bandwidth counting the format's bytes. The
 chosen defaults go into ``FP8_CONFIGS``. Compare builds only within one device call: this
@@ -26,8 +26,8 @@ from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
 Config = cutlass_mla.Fp8Config
-# (stages, CTAs per SM, k-steps per score accumulator)
-CONFIGS = [Config(2, 2, 4), Config(2, 2, 6), Config(2, 2, 9), Config(3, 1, 4)]
+# (stages, warpgroups, CTAs per SM, k-steps per score accumulator)
+CONFIGS = [Config(2, 1, 2, 4), Config(4, 2, 1, 4), Config(5, 2, 1, 4), Config(4, 3, 1, 4), Config(5, 3, 1, 4)]
 
 
 def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
@@ -69,20 +69,21 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> No
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, config, err, lse_err))
     print(f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_CONFIGS[fmt]})")
-    header = "| us | % copy BW | stages | CTAs/SM | k-steps per acc. | min blocks | rel. L2 | lse max abs error |"
+    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | rel. L2 | lse max abs error |"
     print(header)
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for us, config, err, lse_err in sorted(rows):
         pct = 100 * nbytes / (us * 1e3) / copy_gbps
-        fields = f"{config.stages} | {config.ctas_per_sm} | {config.chunk} | {config.min_blocks}"
+        fields = f"{config.stages} | {config.groups} | {config.ctas_per_sm} | {config.chunk} | {config.min_blocks}"
         print(f"| {us:.1f} | {pct:.0f} | {fields} | {err:.1e} | {lse_err:.1e} |")
 
 
 def precompile() -> None:
     for fmt in cutlass_mla.FP8_FORMATS:
-        for config in CONFIGS:
-            if cutlass_mla.fp8_config_fits(fmt, config):
-                print(cutlass_mla.fp8_split_kernel(torch.bfloat16, fmt, config).compile("sm_90a"))
+        for dtype in cutlass_mla.fp8_query_dtypes(fmt):
+            for config in CONFIGS:
+                if cutlass_mla.fp8_config_fits(fmt, config, dtype):
+                    print(cutlass_mla.fp8_split_kernel(dtype, fmt, config).compile("sm_90a"))
 
 
 def main() -> None:
@@ -91,8 +92,8 @@ def main() -> None:
     parser.add_argument("--formats", default="fp8,fp8_ds_mla")
     parser.add_argument(
         "--configs",
-        default=",".join("x".join(map(str, c)) for c in CONFIGS),
-        help="stages x CTAs/SM x k-steps per accumulator [x fewest blocks per piece], ...",
+        default=",".join("x".join(map(str, c[:4])) for c in CONFIGS),
+        help="stages x warpgroups x CTAs/SM x k-steps per accumulator [x fewest blocks per piece], ...",
     )
     parser.add_argument("--precompile", action="store_true")
     args = parser.parse_args()

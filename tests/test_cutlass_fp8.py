@@ -81,18 +81,24 @@ def test_cache_rows_off_16_byte_boundaries_are_refused_with_a_reason() -> None:
 
 
 def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
-    """1 KB alignment pad + 2 stages of (64 tokens x 576 B) + the query as e4m3 parts (2 x 16 rows
-    for bf16, 3 x 16 for fp16) + S [16, 72] float32 + 2 x 64 token offset triples + the row scales;
-    fp8_ds_mla: stages of 64 x 656 B, e4m3 latent parts + the bf16 rope query [16, 64]."""
-    config = cutlass_mla.Fp8Config(stages=2, ctas_per_sm=2)
-    rest = 1024 + 16 * 72 * 4 + 2 * 64 * 24 + 16 * 4
+    """1 KB alignment pad + stages of (64 tokens x 576 B) + the query as e4m3 parts (2 x 16 rows for
+    bf16, 3 x 16 for fp16) + S [16, 72] float32 per warpgroup + the row scales + an mbarrier and a
+    count of issued uses per stage; fp8_ds_mla: stages of 64 x 656 B, e4m3 latent parts + the bf16
+    rope query [16, 64]."""
+    config = cutlass_mla.Fp8Config(stages=2, groups=1, ctas_per_sm=2)
+    rest = 1024 + 16 * 72 * 4 + 16 * 4 + 2 * 12
     bf16, fp16 = torch.bfloat16, torch.float16
     assert cutlass_mla.fp8_shared_bytes("fp8", config, bf16) == 2 * 64 * 576 + 32 * 576 + rest
     assert cutlass_mla.fp8_shared_bytes("fp8", config, fp16) == 2 * 64 * 576 + 48 * 576 + rest
     assert cutlass_mla.fp8_shared_bytes("fp8_ds_mla", config, bf16) == 2 * 64 * 656 + 32 * 512 + 16 * 128 + rest
     fitting = [("fp8", bf16), ("fp8", fp16), ("fp8_ds_mla", bf16)]
     assert all(cutlass_mla.fp8_config_fits(fmt, config, dtype) for fmt, dtype in fitting)
-    assert not cutlass_mla.fp8_config_fits("fp8", cutlass_mla.Fp8Config(stages=3, ctas_per_sm=2))
+    three = cutlass_mla.Fp8Config(stages=5, groups=3, ctas_per_sm=1)
+    assert cutlass_mla.fp8_shared_bytes("fp8", three, bf16) == 5 * 64 * 576 + 32 * 576 + rest + 2 * 16 * 72 * 4 + 3 * 12
+    assert cutlass_mla.fp8_config_fits("fp8", three, bf16)
+    assert not cutlass_mla.fp8_config_fits("fp8", cutlass_mla.Fp8Config(stages=3, groups=1, ctas_per_sm=2))
+    # Warpgroups 1.. merge through the ring: 3 x 34 KB do not fit in two 36 KB stages.
+    assert not cutlass_mla.fp8_config_fits("fp8", cutlass_mla.Fp8Config(stages=2, groups=4, ctas_per_sm=1))
 
 
 # ----------------------------------------------------------------------------------------- GPU parity
@@ -130,13 +136,32 @@ GPU_CASES = [
 ]
 
 
+# The configurations the sweep compares besides the default: several warpgroups sharing one ring.
+OTHER_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2), cutlass_mla.Fp8Config(4, 2, 1)]
+
+
+@pytest.fixture(params=[None, *OTHER_CONFIGS], ids=lambda c: "default" if c is None else "x".join(map(str, c[:3])))
+def fp8_config(request, monkeypatch):
+    """Each GPU case runs with the default configuration and with OTHER_CONFIGS (plans rebuilt)."""
+    from tilegym.ops import PLAN_CACHE
+
+    if request.param is not None:
+        configs = {fmt: request.param for fmt in cutlass_mla.FP8_CONFIGS}
+        monkeypatch.setattr(cutlass_mla, "FP8_CONFIGS", configs)
+    PLAN_CACHE.clear()
+    yield request.param
+    PLAN_CACHE.clear()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
     GPU_CASES,
     ids=str,
 )
-def test_fp8_caches_match_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split) -> None:
+def test_fp8_caches_match_float64(
+    fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, fp8_config
+) -> None:
     require_cutlass()
     generator, seed = fresh_generator()
     lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()

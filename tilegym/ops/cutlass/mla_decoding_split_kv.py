@@ -5,9 +5,10 @@ one piece; a segment that is a whole row writes the final output, the others flo
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
     (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors;
-  - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V): the fp8
-    caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query rows, where decoding is bound
-    by the cache bytes; CTAs of 128 threads, several per SM.
+  - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
+    a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
+    rows, where decoding is bound by the cache bytes; CTAs of one or more 128-thread warpgroups
+    taking alternate blocks; the plan encodes TMA maps of the cache's values, rope and scales.
 Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
 zeroes empty rows. Variants: the dtypes and cache format only; layout (dense, paged, ragged, any
 page size), sizes, strides, lengths and the schedule are runtime arguments, so a new shape never
@@ -52,36 +53,41 @@ C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
 SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, per, piece rows
-SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", *("const __grid_constant__ CUtensorMap",) * 2, "int")
+TENSOR_MAP = "const __grid_constant__ CUtensorMap"
+SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int")
+FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int")
 
 FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
 FP8_KERNEL = "mla_decode_fp8_split_kernel"
 FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX_QUERY_ROWS = 16  # one CTA holds every query row (the N of the scores' wgmma, per part)
-FP8_THREADS = 128
+FP8_GROUP_THREADS = 128  # one warpgroup
 
 
 class Fp8Config(NamedTuple):
-    """Settings of the fp8 kernel and its plan: blocks in shared memory (stages - 1 in flight while
-    one is read), CTAs per SM (the kernel's register budget follows from it), score k-steps per
-    fp8 accumulator, and the schedule's fewest blocks per piece."""
+    """Settings of the fp8 kernel and its plan: blocks in the shared ring (read or in flight),
+    warpgroups per CTA (each takes every groups-th block), CTAs per SM (the kernel's register
+    budget follows from both), score k-steps per fp8 accumulator, and the schedule's fewest blocks
+    per piece."""
 
     stages: int
+    groups: int
     ctas_per_sm: int
     chunk: int = 4  # k-steps (32 columns) per fresh score accumulator, summed in float32
     min_blocks: int | None = None  # fewest blocks per schedule piece; None: FP8_PIECES_PER_ROW's rule
 
 
-# Per format, from benchmarks/sweep_cutlass_fp8.py on the H200.
-FP8_CONFIGS = {"fp8": Fp8Config(2, 2), FP8_DS_MLA: Fp8Config(2, 2)}
+# Per format, from benchmarks/sweep_cutlass_fp8.py on the H200 (one call, 22:06 UTC: three warpgroups
+# sharing four stages against one warpgroup in each of two CTAs, 64 x 4096 x 16 / 128 x 8192 x 16: fp8
+# 69.7 / 198.7 us vs 71.8 / 209.6, fp8_ds_mla 76.8 / 218.4 vs 76.3 / 235.6).
+FP8_CONFIGS = {"fp8": Fp8Config(4, 3, 1), FP8_DS_MLA: Fp8Config(4, 3, 1)}
 FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
 # At most this many pieces per row of average length (H200, 1 x 32768 x 16 fp8: 256 pieces of 2
 # blocks 72.9 us, 64 pieces of 8 blocks 43.6 us; 4 x 1024 and 64 x 4096 unchanged).
 FP8_PIECES_PER_ROW = 64
 SHARED_PER_SM = 228 * 1024  # Hopper: shared memory per SM (each CTA also reserves 1 KB)
-FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 13, "float")
-CACHE_ALIGN = 16  # bytes: cp.async moves 16-byte chunks of every cache row
+CACHE_ALIGN = 16  # bytes: TMA reads rows (and takes strides) in multiples of 16 bytes
 TILE_ALIGN = 1024  # wgmma's swizzled tiles start on 1 KB boundaries: the kernel rounds its base up
 
 
@@ -94,30 +100,37 @@ def tma_box_rows(call: MLADecodeCall) -> int:
     return TOKENS_PER_BLOCK if rows >= TOKENS_PER_BLOCK else 1 << (rows.bit_length() - 1)
 
 
-def encode_tile_map(t: torch.Tensor, box_rows: int) -> bytes:
+SWIZZLE_OF_ROW_BYTES = {128: "128B", 64: "64B", 16: "NONE"}  # box row width -> the swizzle wgmma reads
+TMA_ELEMENT_TYPES = {torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}  # any other dtype: bytes
+
+
+def encode_tile_map(t: torch.Tensor, box_rows: int, row_bytes: int = 128) -> bytes:
     """A TMA tensor map (128 bytes, passed to the kernel by value) of cache tensor ``t`` [units, rows, columns]
-    (batch rows or pages, their tokens, the latent or rope columns) read in boxes of [64 columns,
-    ``box_rows`` tokens] with the 128-byte swizzle wgmma reads."""
+    (batch rows or pages, their tokens, the latent, rope or scale columns) read in boxes of
+    [``row_bytes`` of columns, ``box_rows`` tokens], swizzled as wgmma reads rows of that width
+    (128 or 64 bytes; 16-byte rows are not swizzled). 16-bit tensors are mapped by element, any
+    other dtype (fp8 values, float32 scales) by byte."""
     from tilegym.ops.cubin_loader import _check, _driver
 
     drv = _driver()
-    kind = "BFLOAT16" if t.dtype == torch.bfloat16 else "FLOAT16"
+    kind = TMA_ELEMENT_TYPES.get(t.dtype, "UINT8")
     size = t.element_size()
+    unit = size if t.dtype in TMA_ELEMENT_TYPES else 1  # bytes per map element
     tensor_map = _check(
         drv.cuTensorMapEncodeTiled(
             getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"),
             3,
             t.data_ptr(),
-            [drv.cuuint64_t(n) for n in (t.shape[2], t.shape[1], t.shape[0])],
+            [drv.cuuint64_t(n) for n in (t.shape[2] * size // unit, t.shape[1], t.shape[0])],
             [drv.cuuint64_t(n * size) for n in (t.stride(1), t.stride(0))],
-            [drv.cuuint32_t(n) for n in (TOKENS_PER_BLOCK, box_rows, 1)],
+            [drv.cuuint32_t(n) for n in (row_bytes // unit, box_rows, 1)],
             [drv.cuuint32_t(1)] * 3,
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLE_OF_ROW_BYTES[row_bytes]}"),
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),
-        f"cuTensorMapEncodeTiled({tuple(t.shape)})",
+        f"cuTensorMapEncodeTiled({tuple(t.shape)}, {t.dtype})",
     )
     return struct.pack("16Q", *(int(v) for v in tensor_map.opaque))
 
@@ -127,22 +140,32 @@ def fp8_query_parts(dtype: torch.dtype) -> int:
     return 3 if dtype == torch.float16 else 2
 
 
+def fp8_stage_bytes(kv_format: str) -> int:
+    """Bytes of one 64-token block in the fp8 kernel's ring: the latent, the rope, fp8_ds_mla's scales."""
+    rope, scales = (ROPE_DIM, 0) if kv_format == "fp8" else (2 * ROPE_DIM, 16)  # bytes per token
+    return FP8_BLOCK_N * (HEAD_DIM + rope + scales)
+
+
 def fp8_shared_bytes(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16) -> int:
     """Dynamic shared memory of the fp8 kernel for ``dtype`` queries (mirrors its ``Tiles`` and
     trailing buffers)."""
     rows, n = FP8_MAX_QUERY_ROWS, FP8_BLOCK_N
-    rope, scales = (ROPE_DIM, 0) if kv_format == "fp8" else (2 * ROPE_DIM, 16)  # bytes per token
-    stage = n * (HEAD_DIM + rope + scales)
     parts = rows * fp8_query_parts(dtype)  # staged query rows: the e4m3 parts
     query = parts * HEAD_DIM + (parts * ROPE_DIM if kv_format == "fp8" else rows * ROPE_DIM * 2)
-    scores = rows * (n + 8) * 4  # S [16, 64 + 8 padding], float32
-    offsets = config.stages * n * 3 * 8  # per stage, per token: latent, rope, scale byte offsets
-    return TILE_ALIGN + config.stages * stage + query + scores + offsets + rows * 4  # + the row scales
+    scores = config.groups * rows * (n + 8) * 4  # S [16, 64 + 8 padding], float32, per warpgroup
+    barriers = config.stages * (8 + 4)  # an mbarrier and a count of issued uses per stage
+    return TILE_ALIGN + config.stages * fp8_stage_bytes(kv_format) + query + scores + rows * 4 + barriers
+
+
+FP8_MERGE_BYTES = FP8_GROUP_THREADS * 68 * 4  # per warpgroup after the first: its O, maxima and sums
 
 
 def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether ``config.ctas_per_sm`` CTAs fit in an SM's shared memory (each also reserves 1 KB)."""
-    return config.ctas_per_sm * (fp8_shared_bytes(kv_format, config, dtype) + 1024) <= SHARED_PER_SM
+    """Whether ``config.ctas_per_sm`` CTAs fit in an SM's shared memory (each also reserves 1 KB), and
+    the warpgroups' merge fits in the ring."""
+    shared = config.ctas_per_sm * (fp8_shared_bytes(kv_format, config, dtype) + 1024) <= SHARED_PER_SM
+    merge = (config.groups - 1) * FP8_MERGE_BYTES <= config.stages * fp8_stage_bytes(kv_format)
+    return shared and merge
 
 
 @functools.cache
@@ -166,16 +189,9 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
     tiled by ``config`` (default: the format's)."""
     config = FP8_CONFIGS[kv_format] if config is None else config
     ctype = C_TYPES[dtype]
-    pointers = (
-        *(f"const {ctype}*",) * 2,
-        *("const unsigned char*",) * 3,
-        *("const int*",) * 6,
-        f"{ctype}*",
-        "float*",
-        "float*",
-        "float*",
-    )
-    template = (ctype, FP8_FORMATS[kv_format], config.stages, config.ctas_per_sm, config.chunk)
+    caches = ("const float*", "const unsigned char*", "const unsigned char*")  # tensor scale, rope, scales
+    pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
+    template = (ctype, FP8_FORMATS[kv_format], config.stages, config.groups, config.ctas_per_sm, config.chunk)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
@@ -263,7 +279,7 @@ def supports(call: MLADecodeCall) -> list[str]:
         return [f"cutlass supports D={HEAD_DIM}, P={ROPE_DIM}, got D={call.head_dim}, P={call.rope_dim}"]
     if call.batch > MAX_GRID_Y:
         return [f"cutlass launches its combine with the batch on grid.y: at most {MAX_GRID_Y} rows, got {call.batch}"]
-    reasons = [] if call.kv_format in FP8_FORMATS else _tensor_map_reasons(call)
+    reasons = _tensor_map_reasons(call)
     if reasons:
         return reasons
     reasons = _arch_reasons(call)
@@ -282,7 +298,8 @@ def _tensor_map_reasons(call: MLADecodeCall) -> list[str]:
     """What a TMA map of the cache cannot describe: a batch/page or token stride of zero (an
     expanded tensor) or of 2^40 bytes or more."""
     reasons = []
-    for name in ("kv", "kpe"):
+    names = ("kv", "kpe", "kv_scale") if call.kv_format == FP8_DS_MLA else ("kv", "kpe")  # kv_scale: the scales
+    for name in names:
         t = getattr(call, name)
         strides = [st * t.element_size() for st in t.stride()[:2]]
         if not all(0 < st < MAX_TMA_STRIDE for st in strides):
@@ -352,8 +369,8 @@ class CutlassDecodePlan:
             shape.programs,
             *call.q.stride()[:3],
             *call.qpe.stride()[:3],
-            *self._cache_strides(),
             0 if call.block_table is None else call.block_table.stride(0),
+            *self._cache_strides(),
             call.sm_scale * LOG2E,
         )
         self._workspace = (self.part_out.data_ptr(), self.part_lse.data_ptr())
@@ -374,24 +391,31 @@ class CutlassDecodePlan:
     def _shared_bytes(self) -> int:
         return SHARED_BYTES
 
+    def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        return ()  # the TMA maps address the cache
+
     def _cache_strides(self) -> tuple[int, ...]:
-        """The cache strides the split kernel takes (none: its TMA maps hold them)."""
         return ()
 
-    def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        return ()
-
-    def _tensor_maps(self, kv: torch.Tensor, kpe: torch.Tensor) -> tuple[bytes | int, ...]:
+    def _tensor_maps(
+        self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None
+    ) -> tuple[bytes | int, ...]:
         """The TMA maps of this call's cache tensors and the box height: encoded on the host once per
-        pair of addresses (a few kept), passed by value, so graph capture sees no copy."""
-        key = (kv.data_ptr(), kpe.data_ptr())
+        set of addresses (a few kept), passed by value, so graph capture sees no copy."""
+        key = (kv.data_ptr(), kpe.data_ptr(), 0 if kv_scale is None else kv_scale.data_ptr())
         args = self._maps.get(key)
         if args is None:
             if len(self._maps) >= MAPS_KEPT:
                 self._maps.clear()
             rows = tma_box_rows(self.call)
-            args = self._maps[key] = (encode_tile_map(kv, rows), encode_tile_map(kpe, rows), rows)
+            args = self._maps[key] = (*self._encode_maps(kv, kpe, kv_scale, rows), rows)
         return args
+
+    def _encode_maps(
+        self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
+    ) -> tuple[bytes, ...]:
+        """Latent and rope maps in 64-column (128-byte) boxes, the wgmma kernel's tiles."""
+        return encode_tile_map(kv, rows), encode_tile_map(kpe, rows)
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -412,23 +436,23 @@ class CutlassDecodePlan:
         split_args = (
             q.data_ptr(),
             qpe.data_ptr(),
-            *self._cache_pointers(kv, kpe, kv_scale),
+            *self._cache_pointers(kpe, kv_scale),
             *self._split_schedule,
             out_ptr,
             lse_ptr,
             *self._workspace,
             *self._split_sizes,
-            *self._tensor_maps(kv, kpe),
+            *self._tensor_maps(kv, kpe, kv_scale),
         )
         self._launch_split(split_args, stream)
         self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
 
 
 class CutlassFp8DecodePlan(CutlassDecodePlan):
-    """The plan of the fp8-cache kernel: one 16-row CTA per piece, several CTAs per SM, byte strides."""
+    """The plan of the fp8-cache kernel: one 16-row CTA per piece (one or more warpgroups), maps of
+    the cache's values, rope and (fp8_ds_mla) scales."""
 
     rows_per_cta = FP8_MAX_QUERY_ROWS
-    threads = FP8_THREADS
 
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
         """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
@@ -436,6 +460,7 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         if not fp8_config_fits(call.kv_format, self.config, call.q.dtype):
             raise ValueError(f"{self.config} does not fit in an SM's shared memory")
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
+        self.threads = FP8_GROUP_THREADS * self.config.groups
         self.min_blocks = self.config.min_blocks or fewest_blocks_per_piece(call, FP8_BLOCK_N, FP8_PIECES_PER_ROW)
         super().__init__(call)
 
@@ -445,26 +470,36 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     def _shared_bytes(self) -> int:
         return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype)
 
+    def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        """The per-tensor scale (one float read on the device), and the rope and fp8_ds_mla's scales for
+        pages too small for their TMA boxes (copied token by token)."""
+        if self.call.kv_format == "fp8":
+            return kv_scale.data_ptr(), kpe.data_ptr(), 0
+        return 0, kpe.data_ptr(), kv_scale.data_ptr()
+
     def _cache_strides(self) -> tuple[int, ...]:
+        """Byte strides (page or batch row, token) of the rope and of fp8_ds_mla's scales."""
         call = self.call
         scales = call.kv_scale if call.kv_format == FP8_DS_MLA else None
-        strides = [t.stride()[:2] for t in (call.kv, call.kpe)]
-        strides.append((0, 0) if scales is None else scales.stride()[:2])
-        sizes = (call.kv.element_size(), call.kpe.element_size(), 4)
-        return tuple(st * size for pair, size in zip(strides, sizes, strict=True) for st in pair)
+        rope = [st * call.kpe.element_size() for st in call.kpe.stride()[:2]]
+        return (*rope, *((0, 0) if scales is None else (st * 4 for st in scales.stride()[:2])))
 
-    def _cache_pointers(self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        pointers = (kv.data_ptr(), kpe.data_ptr(), kv_scale.data_ptr())
-        copied = pointers if self.call.kv_format == FP8_DS_MLA else pointers[:2]  # a per-tensor scale is one float
-        if any(p % CACHE_ALIGN for p in copied):
+    def _encode_maps(
+        self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
+    ) -> tuple[bytes, ...]:
+        """Latent in 128-byte boxes; the rope in 64-byte (fp8) or 128-byte (fp8_ds_mla's bf16) boxes;
+        fp8_ds_mla's scales in 16-byte boxes (per-tensor fp8: the latent map again, never read)."""
+        ds_mla = self.call.kv_format == FP8_DS_MLA
+        tensors = (kv, kpe, kv_scale) if ds_mla else (kv, kpe)
+        misaligned = [hex(t.data_ptr()) for t in tensors if t.data_ptr() % CACHE_ALIGN]
+        if misaligned:
             raise ValueError(
-                f"cutlass's {self.call.kv_format} kernel needs kv and kpe (and fp8_ds_mla's scales) on "
-                f"{CACHE_ALIGN}-byte boundaries, got addresses {[hex(p) for p in copied]}"
+                f"cutlass's {self.call.kv_format} kernel reads the cache by TMA: kv and kpe (and fp8_ds_mla's "
+                f"scales) must start on {CACHE_ALIGN}-byte boundaries, got addresses {misaligned}"
             )
-        return pointers
-
-    def _tensor_maps(self, kv: torch.Tensor, kpe: torch.Tensor) -> tuple[bytes | int, ...]:
-        return ()  # the fp8 kernel copies with cp.async
+        latent = encode_tile_map(kv, rows)
+        rope = encode_tile_map(kpe, rows, 128 if ds_mla else ROPE_DIM)
+        return latent, rope, encode_tile_map(kv_scale, rows, 16) if ds_mla else latent
 
 
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:

@@ -7,14 +7,21 @@
 // cache; kDsMla = DeepSeek's 656-byte token: e4m3 latent, 4 float32 scales (one per 128 latent
 // columns), bf16 rope (bf16 queries only).
 //
-// One CTA of 128 threads (one warpgroup) = one piece of the schedule (tilegym/ops/schedule.py),
-// several CTAs per SM. It walks the batch rows its piece meets and, for each, the row's KV blocks of
-// kTokens = 64 tokens [lo, hi) inside the piece (same segments, work slots and causal rule as the
-// wgmma kernel):
-//   loads   cp.async, kStages - 1 blocks ahead, per block: latent fp8 [64, 512] (32 KB), rope
-//           [64, 64] fp8 (4 KB; kDsMla bf16, 8 KB), kDsMla scales [64, 4] float32 (1 KB), into
-//           wgmma's swizzled K-major tiles. Each token's byte offsets (page lookup) are computed
-//           once, kStages blocks ahead, by one thread into a small table in shared memory.
+// One CTA = one piece of the schedule (tilegym/ops/schedule.py); kGroups warpgroups of 128 threads,
+// kCtasPerSm CTAs per SM. The CTA walks the batch rows its piece meets and, for each, the row's KV
+// blocks of kTokens = 64 tokens [lo, hi) inside the piece (same segments, work slots and causal rule
+// as the wgmma kernel). Block i of a segment goes to stage (n + i) % kStages of a ring shared by the
+// CTA (n: blocks the CTA consumed before) and to warpgroup i % kGroups; each warpgroup keeps its own
+// softmax state and O, merged through shared memory at the segment's end. Per block:
+//   loads   TMA boxes of [box_rows tokens, 128 B] (latent: 4 per box row range), [.., 64 B] (fp8
+//           rope; kDsMla bf16 rope 128 B) and kDsMla's [.., 16 B] scales into wgmma's swizzled
+//           K-major tiles, completing on the stage's mbarrier; a dense row's block is one box
+//           range, a paged one one range per page part (box_rows = gcd(page_size, 64)); a TMA
+//           destination is 128-byte aligned, so rope or scale boxes narrower than that (pages of
+//           one fp8 token, of fewer than 8 fp8_ds_mla tokens) go as 16-byte bulk copies. The ring is
+//           filled at the segment's start; the warpgroup done with block i refills its stage with
+//           block i + kStages (one warp issues, lanes split the boxes). V rows past the row's
+//           length are zeroed in shared memory (kDsMla: their scales too); the cache may hold NaN.
 //   scores  S^T [64 tokens, 16 rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
 //           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 x kParts): the query is staged per row, scaled by
 //           a power of two, as kParts e4m3 parts whose sum is the query exactly (2 parts hold any
@@ -23,23 +30,25 @@
 //           so every kChunk k-steps go to a fresh accumulator summed in float32 (two in flight).
 //           kDsMla: one accumulator per 128-column scale group, scaled per token, plus the bf16
 //           rope by bf16 wgmma (m64n16k16).
-//   CTA     S^T goes through shared memory [16, 64]; every warp reads all of it as S [16, 64] and runs
-//           the same online softmax, so P stays in registers as the next mma's A fragments.
-//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V: mma.sync m16n8k16, 4 k-steps x 16
-//           n-tiles. Two tokens' bytes are interleaved (prmt) and widened exactly to f16 (cvt
-//           e4m3x2 -> f16x2), so each register holds one column of two tokens (kDsMla: times their
-//           f16 scales of group w = warp w's columns); the n-tiles are permuted: n-tile j, column n
-//           of the mma <-> latent column 128w + 16n + j.
-//   O lives in registers (64 floats per thread), the running max and row sums too. Two barriers
-//   per block: the stage has landed, and S^T is written.
+//   group   S^T goes through shared memory [16, 64] (one per warpgroup); every warp of the group reads
+//           all of it as S [16, 64] and runs the same online softmax, so P stays in registers as the
+//           next mma's A fragments.
+//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V (w: warp of the group): mma.sync
+//           m16n8k16, 4 k-steps x 16 n-tiles. Two tokens' bytes are interleaved (prmt) and widened
+//           exactly to f16 (cvt e4m3x2 -> f16x2), so each register holds one column of two tokens
+//           (kDsMla: times their f16 scales of group w = warp w's columns); the n-tiles are permuted:
+//           n-tile j, column n of the mma <-> latent column 128w + 16n + j.
+//   O lives in registers (64 floats per thread), the running max and row sums too. Two group
+//   barriers per block (S^T is written; the stage is free), none across groups.
 //
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
-//   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per token when
+//   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per box when
 //          paged, and R * 16 * 576 * 2 B of queries;
 //   writes per row met 16 * 512 * 4 B of float32 partial + 64 B of lse (a whole row: the output in
 //          the query dtype, 16 * 512 * 2 B, + lse when asked).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -73,6 +82,10 @@ struct Tiles {
   static constexpr int kRope = kTokens * kD;
   static constexpr int kScale = kRope + kTokens * kRopeBytes;             // [64 tokens, 16 B], kDsMla
   static constexpr int kStage = kScale + (kFormat == kPerTensor ? 0 : kTokens * 16);
+  static constexpr int kTokenBytes = kStage / kTokens;                   // bytes loaded per token
+  // Fewest tokens per TMA box of the rope / scales (their destination must be 128-byte aligned);
+  // smaller boxes (pages of fewer tokens) copy each token's rows in 16-byte pieces instead.
+  static constexpr int kRopeBoxMin = 128 / kRopeBytes, kScaleBoxMin = 128 / 16;
   static constexpr int kN = 16 * kParts<T>;                               // rows of the staged query
   static constexpr int kQLat = 0;                                         // 4 atoms [kN rows, 128 B]
   static constexpr int kQRope = kN * kD;  // kPerTensor: [kN, 64 B] e4m3; kDsMla: bf16 [16, 128 B]
@@ -89,10 +102,23 @@ __device__ __forceinline__ int rope_offset(int r, int c) {
   return kFormat == kPerTensor ? swizzle64(r, c) : swizzle128(r, c);
 }
 
-using tilegym_cutlass::commit_async_copies;
-using tilegym_cutlass::cp_async16;
+using tilegym_cutlass::bulk_load;
 using tilegym_cutlass::fence_async_shared;
-using tilegym_cutlass::wait_async_copies;
+using tilegym_cutlass::mbar_expect_bytes;
+using tilegym_cutlass::mbar_init;
+using tilegym_cutlass::mbar_wait;
+using tilegym_cutlass::tma_load_3d;
+// A counter in shared memory published to the CTA (release) and read (acquire).
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.cta.shared::cta.u32 [%0], %1;\n" ::"r"(tilegym_cutlass::shared_address(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];\n" : "=r"(v) : "r"(tilegym_cutlass::shared_address(p)) : "memory");
+  return v;
+}
+// The 128 threads of warpgroup wg wait for each other (named barrier 1 + wg; 0 is __syncthreads).
+__device__ __forceinline__ void group_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
 // ---- wgmma (sm_90a) -----------------------------------------------------------------------------
 // Shared-memory matrix descriptor of a K-major swizzled tile: start address, 8-row-group stride
@@ -192,65 +218,11 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
 __device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
 __device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
 
-// Byte offsets of one token's latent, rope and scales (-1: past the row), kStages blocks ahead.
-struct TokenOffsets {
-  long long lat, rope, scale;
-};
-
-// Where a batch row's tokens live: byte strides of kv, kpe and the scales (batch/page, token).
-struct TokenRows {
-  const int* pages;
-  long long b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1;
-  int len, paged, page_size, num_pages;
-  __device__ __forceinline__ TokenOffsets locate(int pos) const {
-    if (pos >= len) return {-1, -1, -1};
-    long long outer = b, inner = pos;
-    if (paged) {
-      outer = tilegym_cutlass::page_of(pages, pos, page_size, num_pages);
-      inner = pos % page_size;
-    }
-    return {outer * kv_s0 + inner * kv_s1, outer * kpe_s0 + inner * kpe_s1, outer * sc_s0 + inner * sc_s1};
-  }
-};
-
-// cp.async of one block into a stage from its offset table. Latent: thread t takes tokens t / 8 + 16 i
-// and chunks t % 8 + 8 j (a warp instruction reads four full 128-byte lines); rope and scale chunks follow.
-template <int kFormat, typename T>
-__device__ __forceinline__ void load_block(unsigned char* stage, const TokenOffsets* table, const unsigned char* kv,
-                                           const unsigned char* kpe, const unsigned char* scales) {
-  using L = Tiles<kFormat, T>;
-  constexpr int kRopeChunks = L::kRopeBytes / 16;
-  const int tid = threadIdx.x;
-#pragma unroll
-  for (int i = 0; i < kTokens / 16; ++i) {
-    const int t = (tid >> 3) + 16 * i;
-    const long long off = table[t].lat;
-    const unsigned char* src = kv + (off < 0 ? 0 : off);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = (tid & 7) + 8 * j;
-      cp_async16(stage + L::kLat + lat_offset(t, c, kTokens), src + 16 * c, off >= 0);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kTokens * kRopeChunks / kThreads; ++k) {
-    const int i = tid + kThreads * k;
-    const int t = i / kRopeChunks, c = i % kRopeChunks;
-    const long long off = table[t].rope;
-    cp_async16(stage + L::kRope + rope_offset<kFormat>(t, c), kpe + (off < 0 ? 0 : off + 16 * c), off >= 0);
-  }
-  if constexpr (kFormat == kDsMla) {
-    if (tid < kTokens) {
-      const long long off = table[tid].scale;
-      cp_async16(stage + L::kScale + 16 * tid, scales + (off < 0 ? 0 : off), off >= 0);
-    }
-  }
-}
-
 // Stage the query rows of one batch row: thread t takes row t / 8, column pairs 16 i + 2 (t % 8).
 // The row is scaled by a power of two that puts its largest magnitude in [2^7, 2^8) and split into
 // kParts e4m3 parts (part p = row 16 p + r of the staged tile); kDsMla's rope stays bf16. Returns
-// nothing; writes q_unscale[r] = 2^-shift. Every load is issued before the first use.
+// nothing; writes q_unscale[r] = 2^-shift. Every load is issued before the first use. Called by
+// warpgroup 0 (threads 0..127).
 template <int kFormat, typename T>
 __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale, const T* q_row, const T* qpe_row,
                                             bool live) {
@@ -317,38 +289,53 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
 
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kStages, int kCtasPerSm, int kChunk>
-__global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
-    const T* __restrict__ q, const T* __restrict__ qpe, const unsigned char* __restrict__ kv,
-    const unsigned char* __restrict__ kpe, const unsigned char* __restrict__ scales,
+template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk>
+__global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_split_kernel(
+    const T* __restrict__ q, const T* __restrict__ qpe, const float* __restrict__ tensor_scale,
+    const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
-    long long qpe_sq, long long qpe_sh, long long kv_s0, long long kv_s1, long long kpe_s0, long long kpe_s1,
-    long long sc_s0, long long sc_s1, long long table_sb, float qk_scale_log2) {
+    long long qpe_sq, long long qpe_sh, long long table_sb, long long rope_s0, long long rope_s1, long long scale_s0,
+    long long scale_s1, float qk_scale_log2,
+    const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
+    const __grid_constant__ CUtensorMap scale_map, int box_rows) {
   using namespace tilegym_fp8;
   using L = Tiles<kFormat, T>;
   constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
+  constexpr int kMergeFloats = kThreads * 68;  // per extra warpgroup: O (64 floats a thread) + m, sums
+  static_assert(kGroups == 1 || (kGroups - 1) * kMergeFloats * 4 <= kStages * L::kStage, "merge fits in the ring");
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzle atoms need 1 KB alignment (the launch asks for 1 KB more than the tiles); the
   // offset keeps the pointer in the shared space (shared loads, not generic ones).
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
-  unsigned char* qs = smem + kStages * L::kStage;                                // staged query
-  float* s_x = reinterpret_cast<float*>(qs + L::kQBytes);                        // S [16, kSRow]
-  TokenOffsets* offsets = reinterpret_cast<TokenOffsets*>(s_x + kRows * kSRow);  // [kStages, kTokens]
-  float* q_unscale = reinterpret_cast<float*>(offsets + kStages * kTokens);      // [16]: 2^-shift per row
+  unsigned char* qs = smem + kStages * L::kStage;                        // staged query
+  float* s_all = reinterpret_cast<float*>(qs + L::kQBytes);              // S [16, kSRow] per warpgroup
+  float* q_unscale = s_all + kGroups * kRows * kSRow;                    // [16]: 2^-shift per row
+  uint64_t* full = reinterpret_cast<uint64_t*>(q_unscale + kRows);       // [kStages]: the stage landed
+  int* issued = reinterpret_cast<int*>(full + kStages);                  // [kStages]: uses issued so far
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, wg = tid >> 7, wt = tid & (kThreads - 1), warp = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
+  float* s_x = s_all + wg * kRows * kSRow;
   const int piece = blockIdx.x;
   const int per = blocks_per_program[0];
   const int start = piece * per;
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
   // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
-  const float kv_scale = kFormat == kPerTensor ? *reinterpret_cast<const float*>(scales) : 1.f;
+  const float kv_scale = kFormat == kPerTensor ? *tensor_scale : 1.f;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      issued[s] = 0;
+    }
+  }
+  __syncthreads();
+  int consumed = 0;  // blocks of earlier segments: each went once through its stage's barrier
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
@@ -357,30 +344,82 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     if (lo >= hi) continue;
     const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;
+    const int len = lens[b];
     const int* pages = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
-    const TokenRows rows{pages, b, kv_s0, kv_s1, kpe_s0, kpe_s1, sc_s0, sc_s1, lens[b], paged, page_size, num_pages};
-    const int first_blk = lo - row_begin, end_blk = hi - row_begin;
+    const int first_blk = lo - row_begin, blocks = hi - lo;
 
-    __syncthreads();  // the previous segment is done with every buffer
-    if (tid < kTokens) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        if (first_blk + s < end_blk) offsets[s * kTokens + tid] = rows.locate((first_blk + s) * kTokens + tid);
+    // Block blk (the CTA's block number seq) into its stage, issued by one warp (every lane calls):
+    // boxes of box_rows tokens, lane l taking boxes l, l + 32, ...; boxes wholly past the row's length
+    // are skipped (bytes not expected). With several warpgroups, the stage's count of issued uses is
+    // published after the expected bytes (see the wait below).
+    auto issue_block = [&](int blk, int seq) {
+      const int si = seq % kStages;
+      unsigned char* stage = smem + si * L::kStage;
+      const int rem = len - blk * kTokens;
+      const int boxes = min(kTokens / box_rows, (rem + box_rows - 1) / box_rows);
+      if (lane == 0) {
+        mbar_expect_bytes(&full[si], boxes * box_rows * L::kTokenBytes);
+        if constexpr (kGroups > 1) store_release(&issued[si], seq / kStages + 1);
       }
-    }
-    __syncthreads();
+      __syncwarp();
+      for (int box = lane; box < boxes; box += 32) {
+        const int pos = blk * kTokens + box * box_rows;
+        int row = pos, unit = b;
+        if (paged) {
+          unit = tilegym_cutlass::page_of(pages, pos, page_size, num_pages);
+          row = pos % page_size;
+        }
+        const int r0 = box * box_rows;
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (first_blk + s < end_blk) load_block<kFormat, T>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
-      commit_async_copies();
+        for (int atom = 0; atom < 4; ++atom) {
+          tma_load_3d(stage + L::kLat + atom * kTokens * 128 + r0 * 128, &lat_map, 128 * atom, row, unit, &full[si]);
+        }
+        if (box_rows >= L::kRopeBoxMin) {
+          tma_load_3d(stage + L::kRope + r0 * L::kRopeBytes, &rope_map, 0, row, unit, &full[si]);
+        } else {  // swizzled 16-byte pieces, token by token
+          for (int k = 0; k < box_rows; ++k) {
+            const unsigned char* src = rope_bytes + unit * rope_s0 + (row + k) * rope_s1;
+            for (int c = 0; c < L::kRopeBytes / 16; ++c)
+              bulk_load(stage + L::kRope + rope_offset<kFormat>(r0 + k, c), src + 16 * c, 16, &full[si]);
+          }
+        }
+        if constexpr (kFormat == kDsMla) {
+          if (box_rows >= L::kScaleBoxMin) {
+            tma_load_3d(stage + L::kScale + r0 * 16, &scale_map, 0, row, unit, &full[si]);
+          } else {
+            for (int k = 0; k < box_rows; ++k)
+              bulk_load(stage + L::kScale + (r0 + k) * 16, scale_bytes + unit * scale_s0 + (row + k) * scale_s1, 16, &full[si]);
+          }
+        }
+      }
+    };
+    // Latent rows (V) at or past the row's length -> zero, and kDsMla's scales of those rows: whatever
+    // the cache holds there (NaN) must not reach P . V, where P is 0.
+    auto clear_tail = [&](unsigned char* stage, int valid) {
+      const int chunks = (kTokens - valid) * 8;  // 16-byte chunks per latent atom
+      for (int i = wt; i < 4 * chunks; i += kThreads) {
+        const int atom = i / chunks, c = i - atom * chunks;
+        *reinterpret_cast<uint4*>(stage + L::kLat + atom * kTokens * 128 + valid * 128 + 16 * c) = make_uint4(0, 0, 0, 0);
+      }
+      if constexpr (kFormat == kDsMla) {
+        for (int t = valid + wt; t < kTokens; t += kThreads) *reinterpret_cast<uint4*>(stage + L::kScale + 16 * t) = make_uint4(0, 0, 0, 0);
+      }
+    };
+
+    fence_async_shared();  // the last segment's shared reads and writes come before the new copies
+    __syncthreads();       // the previous segment is done with every stage
+    if (tid < 32) {
+      for (int i = 0; i < kStages && i < blocks; ++i) issue_block(first_blk + i, consumed + i);
     }
-    {
+    if (wg == 0) {
       const int row = tid >> 3;
       const bool live = row < query_rows;
       const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
       stage_query<kFormat, T>(qs, q_unscale, q + b * q_sb + token * q_sq + head * q_sh,
                               qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live);
     }
+    fence_async_shared();  // the staged query -> visible to every warpgroup's wgmma
+    __syncthreads();
 
     float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows g, g + 8
     float l[2] = {0.f, 0.f};              // this lane's share of their sums
@@ -390,8 +429,11 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = g + 8 * h;
-      limit[h] = causal ? rows.len - q_len + 1 + r / heads : rows.len;
+      limit[h] = causal ? len - q_len + 1 + r / heads : len;
+      row_scale[h] = qk_scale_log2 * kv_scale * q_unscale[r];
     }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) col_unscale[k] = q_unscale[8 * (k >> 1) + 2 * quad + (k & 1)];
     float acc[16][4];
 #pragma unroll
     for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -402,29 +444,25 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
     for (int odd = 0; odd < 2; ++odd) v_base[odd] = L::kLat + lat_offset(2 * quad + odd, 8 * warp + g, kTokens);
     const int scale_base = L::kScale + 32 * quad + 4 * warp;
     // Blocks entirely below every row's limit need no mask.
-    const int unmasked_end = causal ? rows.len - q_len + 1 : rows.len;
+    const int unmasked_end = causal ? len - q_len + 1 : len;
 
-    for (int blk = first_blk; blk < end_blk; ++blk) {
-      const int i = blk - first_blk;
-      unsigned char* stage = smem + (i % kStages) * L::kStage;
-      wait_async_copies<kStages - 2>();
-      fence_async_shared();  // this thread's copies (and staged query) -> visible to wgmma
-      __syncthreads();       // block i has landed for every thread; block i - 1 is done everywhere
-      if (i == 0) {  // the staged query is visible now
-#pragma unroll
-        for (int h = 0; h < 2; ++h) row_scale[h] = qk_scale_log2 * kv_scale * q_unscale[g + 8 * h];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) col_unscale[k] = q_unscale[8 * (k >> 1) + 2 * quad + (k & 1)];
+    for (int i = wg; i < blocks; i += kGroups) {
+      const int blk = first_blk + i;
+      const int seq = consumed + i, si = seq % kStages, use = seq / kStages;
+      unsigned char* stage = smem + si * L::kStage;
+      if constexpr (kGroups > 1) {
+        // A stage's uses go to different warpgroups: its barrier may still be in the phase of use - 1
+        // (issued by another group, not landed), which the parity of use would take for done. Wait
+        // until this use is issued, then for its phase.
+        while (load_acquire(&issued[si]) <= use) {
+        }
       }
-
-      // The stage being filled was last read by block i - 1 (its wgmma waited, its V reads passed the barrier).
-      if (blk + kStages - 1 < end_blk) {
-        const int s = (i + kStages - 1) % kStages;
-        load_block<kFormat, T>(smem + s * L::kStage, offsets + s * kTokens, kv, kpe, scales);
-      }
-      commit_async_copies();
-      if (tid < kTokens && blk + kStages < end_blk) {
-        offsets[(i % kStages) * kTokens + tid] = rows.locate((blk + kStages) * kTokens + tid);
+      mbar_wait(&full[si], use & 1);  // TMA wrote through the async proxy, as wgmma reads
+      const int valid = len - blk * kTokens;
+      if (valid < kTokens) {
+        clear_tail(stage, valid);
+        fence_async_shared();
+        group_sync(wg);
       }
 
       // S^T [64 tokens, 16 rows] by wgmma. Thread holds tokens 16 warp + g + 8 i' and rows
@@ -521,7 +559,7 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
           s_x[(8 * (k >> 1) + 2 * quad + (k & 1)) * kSRow + 16 * warp + g + 8 * ii] = st[ii][k];
         }
       }
-      __syncthreads();  // S is complete
+      group_sync(wg);  // S is complete
       // sp[nt][k]: row g + 8 (k >> 1), token 8 nt + 2 quad + (k & 1) (the mma C layout).
       float sp[kNt][4];
 #pragma unroll
@@ -622,17 +660,62 @@ __global__ void __launch_bounds__(128, kCtasPerSm) mla_decode_fp8_split_kernel(
           }
         }
       }
+      group_sync(wg);  // every warp of the group is done with the stage and with S
+      if (warp == 0 && i + kStages < blocks) issue_block(blk + kStages, seq + kStages);
     }
+    consumed += blocks;
 
-    // Row sums: lane share -> quad (every warp saw every token: no exchange between warps).
+    // Row sums: lane share -> quad (every warp of a group saw every token of its blocks).
+    float total[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      total[h] = l[h] + __shfl_xor_sync(0xffffffff, l[h], 1);
+      total[h] += __shfl_xor_sync(0xffffffff, total[h], 2);
+    }
+    if constexpr (kGroups > 1) {
+      // Warpgroups 1.. hand (O, m, sums) to warpgroup 0 through the ring (no copy is in flight: every
+      // block issued was consumed); thread t of each group holds the same rows and columns.
+      float* merge = reinterpret_cast<float*>(smem);
+      __syncthreads();
+      if (wg > 0) {
+        float4* mine = reinterpret_cast<float4*>(merge + (wg - 1) * kMergeFloats);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mine[j * kThreads + wt] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        mine[16 * kThreads + wt] = make_float4(m[0], m[1], total[0], total[1]);
+      }
+      __syncthreads();
+      if (wg > 0) continue;
+#pragma unroll 1
+      for (int w = 1; w < kGroups; ++w) {
+        const float4* other = reinterpret_cast<const float4*>(merge + (w - 1) * kMergeFloats);
+        const float4 state = other[16 * kThreads + wt];
+        const float m_other[2] = {state.x, state.y}, total_other[2] = {state.z, state.w};
+        float mine_scale[2], other_scale[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float m_new = fmaxf(m[h], m_other[h]);
+          const float safe = m_new == -INFINITY ? 0.f : m_new;  // neither group saw a token: no inf - inf
+          mine_scale[h] = fast_exp2(m[h] - safe);
+          other_scale[h] = fast_exp2(m_other[h] - safe);
+          total[h] = total[h] * mine_scale[h] + total_other[h] * other_scale[h];
+          m[h] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float4 v = other[j * kThreads + wt];
+          acc[j][0] = acc[j][0] * mine_scale[0] + v.x * other_scale[0];
+          acc[j][1] = acc[j][1] * mine_scale[0] + v.y * other_scale[0];
+          acc[j][2] = acc[j][2] * mine_scale[1] + v.z * other_scale[1];
+          acc[j][3] = acc[j][3] * mine_scale[1] + v.w * other_scale[1];
+        }
+      }
+    }
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float total = l[h] + __shfl_xor_sync(0xffffffff, l[h], 1);
-      total += __shfl_xor_sync(0xffffffff, total, 2);
-      const bool empty = total == 0.f;  // no token seen: zeros, lse -inf; NaN data gives NaN
-      inv[h] = empty ? 0.f : (kFormat == kPerTensor ? kv_scale : 1.f) / total;
-      lse[h] = empty ? -INFINITY : (m[h] + log2f(total)) * kLn2;
+      const bool empty = total[h] == 0.f;  // no token seen: zeros, lse -inf; NaN data gives NaN
+      inv[h] = empty ? 0.f : (kFormat == kPerTensor ? kv_scale : 1.f) / total[h];
+      lse[h] = empty ? -INFINITY : (m[h] + log2f(total[h])) * kLn2;
     }
     // acc[j][2 h + e] is row g + 8 h, column 128 warp + 16 (2 quad + e) + j: 16 consecutive columns.
 #pragma unroll
