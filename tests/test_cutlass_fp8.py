@@ -3,7 +3,8 @@
 
 CPU: what ``supports()`` says about what the kernel does not take. GPU (H100/H200): parity with
 float64 on fresh random inputs (the seed is in the message): 16 and 8 heads, 1 and 2 new tokens
-(causal, and not), dense, paged (64-token and 1-token pages) and ragged caches, mixed lengths with
+(causal, and not), dense, paged (pages of 64 tokens, and of 1, 2, 4 and 8, around the TMA box
+sizes) and ragged caches, each with the default configuration and two others, mixed lengths with
 empty and one-token rows, forced splits through the combine, bf16 and fp16 queries, fp8_ds_mla
 pages holding 0xFF (NaN) bytes wherever a row must not read, and a per-tensor ``kv_scale`` that is
 not 16-byte aligned (graph replay with a changed ``kv_scale``: ``tests/test_plan.py``). The oracle
@@ -124,11 +125,14 @@ GPU_CASES = [
     ("fp8", "dense", 0, 5, 8, 2, 700, torch.bfloat16, False, 256),
     ("fp8", "paged", 64, 12, 16, 1, 4096, torch.bfloat16, True, None),
     ("fp8", "paged", 1, 6, 16, 1, 900, torch.float16, True, None),
+    ("fp8", "paged", 2, 6, 16, 1, 700, torch.bfloat16, True, None),  # the smallest rope box TMA takes
     ("fp8", "ragged", 32, 8, 4, 3, 1200, torch.bfloat16, True, 320),
     ("fp8_ds_mla", "dense", 0, 12, 16, 1, 3000, torch.bfloat16, True, None),
     ("fp8_ds_mla", "dense", 0, 6, 8, 2, 1000, torch.bfloat16, False, 192),
     ("fp8_ds_mla", "paged", 64, 12, 16, 1, 4096, torch.bfloat16, True, None),
     ("fp8_ds_mla", "paged", 1, 6, 16, 1, 900, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "paged", 4, 6, 16, 1, 700, torch.bfloat16, True, None),  # scales by bulk copies, 4 a box
+    ("fp8_ds_mla", "paged", 8, 6, 16, 1, 700, torch.bfloat16, True, None),  # the smallest scale box TMA takes
     ("fp8_ds_mla", "ragged", 16, 8, 5, 3, 1200, torch.bfloat16, True, 448),
     # few long rows: pieces of at least 7 blocks (FP8_PIECES_PER_ROW)
     ("fp8", "dense", 0, 3, 16, 1, 30000, torch.bfloat16, True, None),
@@ -137,7 +141,7 @@ GPU_CASES = [
 
 
 # The configurations the sweep compares besides the default: several warpgroups sharing one ring.
-OTHER_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2), cutlass_mla.Fp8Config(4, 2, 1)]
+OTHER_CONFIGS = [cutlass_mla.Fp8Config(4, 3, 1), cutlass_mla.Fp8Config(4, 2, 1)]
 
 
 @pytest.fixture(params=[None, *OTHER_CONFIGS], ids=lambda c: "default" if c is None else "x".join(map(str, c[:3])))

@@ -78,10 +78,11 @@ class Fp8Config(NamedTuple):
     min_blocks: int | None = None  # fewest blocks per schedule piece; None: FP8_PIECES_PER_ROW's rule
 
 
-# Per format, from benchmarks/sweep_cutlass_fp8.py on the H200 (one call, 22:06 UTC: three warpgroups
-# sharing four stages against one warpgroup in each of two CTAs, 64 x 4096 x 16 / 128 x 8192 x 16: fp8
-# 69.7 / 198.7 us vs 71.8 / 209.6, fp8_ds_mla 76.8 / 218.4 vs 76.3 / 235.6).
-FP8_CONFIGS = {"fp8": Fp8Config(4, 3, 1), FP8_DS_MLA: Fp8Config(4, 3, 1)}
+# Per format, from benchmarks/sweep_cutlass_fp8.py on the H200: one warpgroup in each of two CTAs per
+# SM, two stages each. Three warpgroups sharing four stages won where each piece meets long segments
+# (128 x 8192 x 16: fp8 198.7 vs 209.6 us, fp8_ds_mla 218.4 vs 235.6) and lost where pieces cut rows
+# into short ones (a later call: 128 x 4096 x 16 127.0 vs 108.5 us, 64 x 8192 x 16 131.7 vs 108.4).
+FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2), FP8_DS_MLA: Fp8Config(2, 1, 2)}
 FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
 # At most this many pieces per row of average length (H200, 1 x 32768 x 16 fp8: 256 pieces of 2
 # blocks 72.9 us, 64 pieces of 8 blocks 43.6 us; 4 x 1024 and 64 x 4096 unchanged).
