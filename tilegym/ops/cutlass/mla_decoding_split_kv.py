@@ -379,7 +379,7 @@ class CutlassDecodePlan:
         self._combine_sizes = (rows, int(call.return_lse))
         grid = (shape.programs, groups, 1)
         self.groups = groups
-        self._maps: dict[tuple[int, int], tuple[bytes, bytes, int]] = {}
+        self._maps: dict[tuple[int, int, int], tuple[bytes | int, ...]] = {}
         self._launch_split = self._split_kernel().bind(
             self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
         )
