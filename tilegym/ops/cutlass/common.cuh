@@ -1,7 +1,7 @@
 // Shared helpers of the cutlass backend's kernels (mla_decoding_split_kv.cuh, the wgmma kernel, and
 // mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies, the proxy fence before wgmma reads
-// them, shared addresses, exp2, mbarriers and TMA loads, and the page lookup of the split
-// schedule's cache layouts.
+// them, shared addresses, exp2, mbarriers and TMA loads, and the page lookup and TMA box
+// coordinates of the split schedule's cache layouts.
 #pragma once
 
 #include <stdint.h>
@@ -88,6 +88,28 @@ __device__ __forceinline__ const int* page_list(const int* table, const int* ind
 __device__ __forceinline__ int page_of(const int* pages, int pos, int page_size, int num_pages) {
   const int page = pages[pos / page_size];
   return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+}
+
+// TMA boxes of box_rows tokens that block blk (block_tokens tokens) of a row of len tokens needs:
+// boxes wholly past the length are not loaded (nor their bytes expected).
+__device__ __forceinline__ int boxes_in_block(int blk, int block_tokens, int len, int box_rows) {
+  const int rem = len - blk * block_tokens;
+  return min(block_tokens / box_rows, (rem + box_rows - 1) / box_rows);
+}
+
+// The (unit, row) coordinates of position pos of batch row b in a cache map viewed as [units, rows,
+// columns]: (b, pos) for a dense cache, (its page, pos % page_size) for a paged one.
+struct BoxOrigin {
+  int unit, row;
+};
+__device__ __forceinline__ BoxOrigin box_origin(const int* pages, int b, int pos, int paged, int page_size,
+                                                int num_pages) {
+  BoxOrigin at{b, pos};
+  if (paged) {
+    at.unit = page_of(pages, pos, page_size, num_pages);
+    at.row = pos % page_size;
+  }
+  return at;
 }
 
 }  // namespace tilegym_cutlass

@@ -236,19 +236,14 @@ __global__ void __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     // l, l + 32, ...; boxes wholly past the row's length are skipped (their bytes not expected).
     auto issue_block = [&](int blk, int buf) {
       if (wt >= 32) return;
-      const int rem = len - blk * kTokens;
-      const int boxes = min(kTokens / box_rows, (rem + box_rows - 1) / box_rows);
+      const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
       const int t0 = wg == 0 ? 0 : kLeftTiles, t1 = wg == 0 ? kLeftTiles : kTiles;
       if (wt == 0) {
         for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * 128);
       }
       for (int box = wt; box < boxes; box += 32) {
-        const int pos = blk * kTokens + box * box_rows;
-        int row = pos, unit = b;
-        if (paged) {
-          unit = tilegym_cutlass::page_of(table_row, pos, page_size, num_pages);
-          row = pos % page_size;
-        }
+        const auto [unit, row] =
+            tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         for (int t = t0; t < t1; ++t) {
           unsigned char* dst = t < 8 ? smem.kv[buf] + t * kTileBytes : smem.kpe[buf];
           tma_load_3d(dst + box * box_rows * 128, t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,

@@ -355,20 +355,15 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     auto issue_block = [&](int blk, int seq) {
       const int si = seq % kStages;
       unsigned char* stage = smem + si * L::kStage;
-      const int rem = len - blk * kTokens;
-      const int boxes = min(kTokens / box_rows, (rem + box_rows - 1) / box_rows);
+      const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
       if (lane == 0) {
         mbar_expect_bytes(&full[si], boxes * box_rows * L::kTokenBytes);
         if constexpr (kGroups > 1) store_release(&issued[si], seq / kStages + 1);
       }
       __syncwarp();
       for (int box = lane; box < boxes; box += 32) {
-        const int pos = blk * kTokens + box * box_rows;
-        int row = pos, unit = b;
-        if (paged) {
-          unit = tilegym_cutlass::page_of(pages, pos, page_size, num_pages);
-          row = pos % page_size;
-        }
+        const auto [unit, row] =
+            tilegym_cutlass::box_origin(pages, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         const int r0 = box * box_rows;
 #pragma unroll
         for (int atom = 0; atom < 4; ++atom) {
