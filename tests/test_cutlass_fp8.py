@@ -102,6 +102,13 @@ def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
     assert not cutlass_mla.fp8_config_fits("fp8", cutlass_mla.Fp8Config(stages=2, groups=4, ctas_per_sm=1))
 
 
+def test_a_config_without_warpgroups_or_stages_is_refused_with_a_reason() -> None:
+    call = fp8_call(16)
+    for bad in (cutlass_mla.Fp8Config(2, 0, 2), cutlass_mla.Fp8Config(0, 1, 2), cutlass_mla.Fp8Config(2, 9, 1)):
+        with pytest.raises(ValueError, match="1 <= groups <= 8"):
+            cutlass_mla.CutlassFp8DecodePlan(call, bad)
+
+
 # ----------------------------------------------------------------------------------------- GPU parity
 
 

@@ -63,6 +63,7 @@ FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX_QUERY_ROWS = 16  # one CTA holds every query row (the N of the scores' wgmma, per part)
 FP8_GROUP_THREADS = 128  # one warpgroup
+FP8_MAX_GROUPS = 1024 // FP8_GROUP_THREADS  # warpgroups in a CTA of at most 1024 threads
 
 
 class Fp8Config(NamedTuple):
@@ -458,6 +459,11 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
         """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
         self.config = FP8_CONFIGS[call.kv_format] if config is None else config
+        c = self.config
+        if not (c.stages >= 1 and 1 <= c.groups <= FP8_MAX_GROUPS and c.ctas_per_sm >= 1 and c.chunk >= 1):
+            raise ValueError(
+                f"config needs stages, ctas_per_sm and chunk >= 1 and 1 <= groups <= {FP8_MAX_GROUPS}, got {c}"
+            )
         if not fp8_config_fits(call.kv_format, self.config, call.q.dtype):
             raise ValueError(f"{self.config} does not fit in an SM's shared memory")
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
