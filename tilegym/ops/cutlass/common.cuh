@@ -73,6 +73,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   }
 }
 
+// Asks L2 to hold the 128-byte line at p (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 // Batch row b's page list: a block-table row (paged), or kv_indices[kv_indptr[b]:] (ragged, the
 // start clamped to the list). Unused for dense caches.
 __device__ __forceinline__ const int* page_list(const int* table, const int* indptr, int b, int paged, int ragged,

@@ -218,37 +218,42 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
 __device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
 __device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
 
-// Stage the query rows of one batch row: thread t takes row t / 8, column pairs 16 i + 2 (t % 8).
+// Stage the query rows of one batch row: thread t takes row t / 8, 16-byte chunks (8 columns) 8 i + t % 8.
 // The row is scaled by a power of two that puts its largest magnitude in [2^7, 2^8) and split into
 // kParts e4m3 parts (part p = row 16 p + r of the staged tile); kDsMla's rope stays bf16. Returns
-// nothing; writes q_unscale[r] = 2^-shift. Every load is issued before the first use. Called by
+// nothing; writes q_unscale[r] = 2^-shift. Every load goes to its own registers before the first use
+// (one 16-byte load per chunk when the rows are 16-byte aligned, else 2-byte ones): a loop reusing a
+// register serialises the loads, 36 global latencies a segment (13-20 us on the H200). Called by
 // warpgroup 0 (threads 0..127).
 template <int kFormat, typename T>
 __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale, const T* q_row, const T* qpe_row,
                                             bool live) {
   using L = Tiles<kFormat, T>;
   constexpr int kCols = kFormat == kPerTensor ? kD + kP : kD;  // columns in e4m3 parts
-  constexpr int kPairs = kCols / 16;                            // column pairs per thread
+  constexpr int kChunks = kCols / 64;                           // 8-column chunks per thread
   const int row = threadIdx.x >> 3, sub = threadIdx.x & 7;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(q_row) | reinterpret_cast<uintptr_t>(qpe_row)) & 3) == 0;
-  float2 x[kPairs];
+  auto source = [&](int i) { const int c = 8 * (8 * i + sub); return c < kD ? q_row + c : qpe_row + (c - kD); };
+  const bool aligned = ((reinterpret_cast<uintptr_t>(q_row) | reinterpret_cast<uintptr_t>(qpe_row)) & 15) == 0;
+  uint4 raw[kChunks];
+  if (!live) {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) raw[i] = make_uint4(0, 0, 0, 0);
+  } else if (aligned) {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) raw[i] = *reinterpret_cast<const uint4*>(source(i));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) reinterpret_cast<uint16_t*>(&raw[i])[e] = reinterpret_cast<const uint16_t*>(source(i))[e];
+    }
+  }
+  auto value = [&](int i, int e) { return static_cast<float>(reinterpret_cast<const T*>(&raw[i])[e]); };
   float amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int c = 16 * i + 2 * sub;
-    if (live) {
-      const T* src = c < kD ? q_row + c : qpe_row + (c - kD);
-      if (aligned) {  // one 4-byte load per pair
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(src);
-        x[i] = make_float2(static_cast<float>(reinterpret_cast<const T*>(&word)[0]),
-                           static_cast<float>(reinterpret_cast<const T*>(&word)[1]));
-      } else {
-        x[i] = make_float2(static_cast<float>(src[0]), static_cast<float>(src[1]));
-      }
-    } else {
-      x[i] = make_float2(0.f, 0.f);
-    }
-    amax = fmaxf(amax, fmaxf(fabsf(x[i].x), fabsf(x[i].y)));
+  for (int i = 0; i < kChunks; ++i) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(value(i, e)));
   }
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
@@ -260,18 +265,31 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
   const float up = ldexpf(1.f, shift);
   if (sub == 0) q_unscale[row] = ldexpf(1.f, -shift);
 #pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int c = 16 * i + 2 * sub;  // byte c of the row: chunk c / 16, byte c % 16
-    float a = x[i].x * up, b = x[i].y * up;
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = 8 * (8 * i + sub);  // byte c of the row: 16-byte chunk c / 16, bytes c % 16 ..
+    float x[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = value(i, e) * up;
 #pragma unroll
     for (int p = 0; p < kParts<T>; ++p) {
-      const uint32_t packed = float2_to_e4m3x2(a, b);
+      uint32_t words[2];
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int e = 4 * w + 2 * h;
+          const uint32_t packed = float2_to_e4m3x2(x[e], x[e + 1]);
+          word |= packed << (16 * h);
+          const float2 part = e4m3x2_to_float2(packed);
+          x[e] -= part.x;
+          x[e + 1] -= part.y;
+        }
+        words[w] = word;
+      }
       const int r = row + 16 * p;
       const int off = c < kD ? L::kQLat + lat_offset(r, c >> 4, L::kN) : L::kQRope + swizzle64(r, (c - kD) >> 4);
-      *reinterpret_cast<uint16_t*>(qs + off + (c & 15)) = static_cast<uint16_t>(packed);
-      const float2 part = e4m3x2_to_float2(packed);
-      a -= part.x;
-      b -= part.y;
+      *reinterpret_cast<uint2*>(qs + off + (c & 15)) = make_uint2(words[0], words[1]);
     }
   }
   if constexpr (kFormat == kDsMla) {  // bf16 rope [16, 64]: thread takes columns 8 sub .. 8 sub + 7
@@ -335,6 +353,71 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     }
   }
   __syncthreads();
+  // Blocks of the piece in order, n = 0, 1, ...: block start + n of the flattened schedule, whatever its
+  // row. A cursor over the rows that only moves forward finds the row of the block to issue (each
+  // issuing warp keeps its own).
+  const int piece_blocks = max(min(start + per, cum_blocks[last_row + 1]) - start, 0);
+  struct RowCursor {
+    int row, begin, end, len;
+    const int* pages;
+  };
+  auto cursor_at = [&](int r) {
+    return RowCursor{r, cum_blocks[r], cum_blocks[r + 1], lens[r],
+                     tilegym_cutlass::page_list(table, indptr, r, paged, ragged, num_indices, table_sb)};
+  };
+  RowCursor cursor = cursor_at(first_row);
+  // Block blk of row at.row (the CTA's block number seq) into its stage, issued by one warp (every
+  // lane calls): boxes of box_rows tokens, lane l taking boxes l, l + 32, ...; boxes wholly past the
+  // row's length are skipped (bytes not expected). With several warpgroups, the stage's count of
+  // issued uses is published after the expected bytes (see the wait below).
+  auto issue_block = [&](const RowCursor& at, int blk, int seq) {
+    const int si = seq % kStages;
+    unsigned char* stage = smem + si * L::kStage;
+    const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, at.len, box_rows);
+    if (lane == 0) {
+      mbar_expect_bytes(&full[si], boxes * box_rows * L::kTokenBytes);
+      if constexpr (kGroups > 1) store_release(&issued[si], seq / kStages + 1);
+    }
+    __syncwarp();
+    for (int box = lane; box < boxes; box += 32) {
+      const auto [unit, row] =
+          tilegym_cutlass::box_origin(at.pages, at.row, blk * kTokens + box * box_rows, paged, page_size, num_pages);
+      const int r0 = box * box_rows;
+#pragma unroll
+      for (int atom = 0; atom < 4; ++atom) {
+        tma_load_3d(stage + L::kLat + atom * kTokens * 128 + r0 * 128, &lat_map, 128 * atom, row, unit, &full[si]);
+      }
+      if (box_rows >= L::kRopeBoxMin) {
+        tma_load_3d(stage + L::kRope + r0 * L::kRopeBytes, &rope_map, 0, row, unit, &full[si]);
+      } else {  // swizzled 16-byte pieces, token by token
+        for (int k = 0; k < box_rows; ++k) {
+          const unsigned char* src = rope_bytes + unit * rope_s0 + (row + k) * rope_s1;
+          for (int c = 0; c < L::kRopeBytes / 16; ++c)
+            bulk_load(stage + L::kRope + rope_offset<kFormat>(r0 + k, c), src + 16 * c, 16, &full[si]);
+        }
+      }
+      if constexpr (kFormat == kDsMla) {
+        if (box_rows >= L::kScaleBoxMin) {
+          tma_load_3d(stage + L::kScale + r0 * 16, &scale_map, 0, row, unit, &full[si]);
+        } else {
+          for (int k = 0; k < box_rows; ++k)
+            bulk_load(stage + L::kScale + (r0 + k) * 16, scale_bytes + unit * scale_s0 + (row + k) * scale_s1, 16, &full[si]);
+        }
+      }
+    }
+  };
+  // Block n of the piece (its number seq is n: segments tile the piece in order).
+  auto issue_piece_block = [&](int n) {
+    while (start + n >= cursor.end) cursor = cursor_at(cursor.row + 1);
+    issue_block(cursor, start + n - cursor.begin, n);
+  };
+  // With one warpgroup the ring runs across segment boundaries: a refill may be the next row's first
+  // blocks, which then land while this segment ends and the next one stages its query. Several
+  // warpgroups merge through the ring at a segment's end, so for them it drains there.
+  constexpr bool kAcross = kGroups == 1;
+  if (kAcross && tid < 32) {
+    for (int n = 0; n < kStages && n < piece_blocks; ++n) issue_piece_block(n);
+  }
   int consumed = 0;  // blocks of earlier segments: each went once through its stage's barrier
 
   for (int b = first_row; b <= last_row; ++b) {
@@ -345,49 +428,8 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;
     const int len = lens[b];
-    const int* pages = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
     const int first_blk = lo - row_begin, blocks = hi - lo;
 
-    // Block blk (the CTA's block number seq) into its stage, issued by one warp (every lane calls):
-    // boxes of box_rows tokens, lane l taking boxes l, l + 32, ...; boxes wholly past the row's length
-    // are skipped (bytes not expected). With several warpgroups, the stage's count of issued uses is
-    // published after the expected bytes (see the wait below).
-    auto issue_block = [&](int blk, int seq) {
-      const int si = seq % kStages;
-      unsigned char* stage = smem + si * L::kStage;
-      const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
-      if (lane == 0) {
-        mbar_expect_bytes(&full[si], boxes * box_rows * L::kTokenBytes);
-        if constexpr (kGroups > 1) store_release(&issued[si], seq / kStages + 1);
-      }
-      __syncwarp();
-      for (int box = lane; box < boxes; box += 32) {
-        const auto [unit, row] =
-            tilegym_cutlass::box_origin(pages, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
-        const int r0 = box * box_rows;
-#pragma unroll
-        for (int atom = 0; atom < 4; ++atom) {
-          tma_load_3d(stage + L::kLat + atom * kTokens * 128 + r0 * 128, &lat_map, 128 * atom, row, unit, &full[si]);
-        }
-        if (box_rows >= L::kRopeBoxMin) {
-          tma_load_3d(stage + L::kRope + r0 * L::kRopeBytes, &rope_map, 0, row, unit, &full[si]);
-        } else {  // swizzled 16-byte pieces, token by token
-          for (int k = 0; k < box_rows; ++k) {
-            const unsigned char* src = rope_bytes + unit * rope_s0 + (row + k) * rope_s1;
-            for (int c = 0; c < L::kRopeBytes / 16; ++c)
-              bulk_load(stage + L::kRope + rope_offset<kFormat>(r0 + k, c), src + 16 * c, 16, &full[si]);
-          }
-        }
-        if constexpr (kFormat == kDsMla) {
-          if (box_rows >= L::kScaleBoxMin) {
-            tma_load_3d(stage + L::kScale + r0 * 16, &scale_map, 0, row, unit, &full[si]);
-          } else {
-            for (int k = 0; k < box_rows; ++k)
-              bulk_load(stage + L::kScale + (r0 + k) * 16, scale_bytes + unit * scale_s0 + (row + k) * scale_s1, 16, &full[si]);
-          }
-        }
-      }
-    };
     // Latent rows (V) at or past the row's length -> zero, and kDsMla's scales of those rows: whatever
     // the cache holds there (NaN) must not reach P . V, where P is 0.
     auto clear_tail = [&](unsigned char* stage, int valid) {
@@ -402,9 +444,9 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     };
 
     fence_async_shared();  // the last segment's shared reads and writes come before the new copies
-    __syncthreads();       // the previous segment is done with every stage
-    if (tid < 32) {
-      for (int i = 0; i < kStages && i < blocks; ++i) issue_block(first_blk + i, consumed + i);
+    __syncthreads();       // the previous segment is done with every stage and with the query
+    if (!kAcross && tid < 32) {
+      for (int i = 0; i < kStages && i < blocks; ++i) issue_piece_block(consumed + i);
     }
     if (wg == 0) {
       const int row = tid >> 3;
@@ -412,6 +454,12 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
       stage_query<kFormat, T>(qs, q_unscale, q + b * q_sb + token * q_sq + head * q_sh,
                               qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live);
+      // The next row's query -> L2 now, so that the next segment stages it from L2.
+      if (b < last_row && live) {
+        const int line = tid & 7;  // 128-byte lines: 8 of the latent row, the rope row's first
+        tilegym_cutlass::prefetch_l2(reinterpret_cast<const char*>(q + (b + 1) * q_sb + token * q_sq + head * q_sh) + 128 * line);
+        if (line == 0) tilegym_cutlass::prefetch_l2(qpe + (b + 1) * qpe_sb + token * qpe_sq + head * qpe_sh);
+      }
     }
     fence_async_shared();  // the staged query -> visible to every warpgroup's wgmma
     __syncthreads();
@@ -656,7 +704,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         }
       }
       group_sync(wg);  // every warp of the group is done with the stage and with S
-      if (warp == 0 && i + kStages < blocks) issue_block(blk + kStages, seq + kStages);
+      if (warp == 0 && (kAcross ? seq + kStages < piece_blocks : i + kStages < blocks)) issue_piece_block(seq + kStages);
     }
     consumed += blocks;
 
