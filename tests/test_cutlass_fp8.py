@@ -222,19 +222,20 @@ def test_a_per_tensor_scale_needs_no_alignment() -> None:
     check(out, lse, expected, "fp8", torch.bfloat16, seed)
 
 
+@pytest.mark.parametrize("offset", [1, 4], ids=["2-byte", "8-byte"])
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.gpu
-def test_queries_off_4_byte_boundaries(fmt) -> None:
-    """q and qpe as views one element into their buffers: the query is read in 2-byte elements, not
-    in the 4-byte pairs (16-byte rope chunks for fp8_ds_mla) the kernel uses for aligned rows."""
+def test_queries_off_16_byte_boundaries(fmt, offset) -> None:
+    """q and qpe as views ``offset`` elements into their buffers: the query is read in 2-byte
+    elements, not in the 16-byte chunks the kernel loads for aligned rows."""
     require_cutlass()
     generator, seed = fresh_generator()
     x = make_mla_inputs(3, 16, 500, kv_dtype=FP8 if fmt == "fp8" else None, device="cuda", generator=generator)
-    q = torch.empty(*x.q.shape[:-1], x.q.shape[-1] + 1, dtype=x.q.dtype, device="cuda")[..., 1:]
-    qpe = torch.empty(*x.qpe.shape[:-1], x.qpe.shape[-1] + 1, dtype=x.qpe.dtype, device="cuda")[..., 1:]
+    q = torch.empty(*x.q.shape[:-1], x.q.shape[-1] + offset, dtype=x.q.dtype, device="cuda")[..., offset:]
+    qpe = torch.empty(*x.qpe.shape[:-1], x.qpe.shape[-1] + offset, dtype=x.qpe.dtype, device="cuda")[..., offset:]
     q.copy_(x.q)
     qpe.copy_(x.qpe)
-    assert q.data_ptr() % 4 and qpe.data_ptr() % 4
+    assert q.data_ptr() % 16 and qpe.data_ptr() % 16
     if fmt == "fp8":
         cache_kwargs, latent, rope = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}, x.kv, x.kpe
     else:
