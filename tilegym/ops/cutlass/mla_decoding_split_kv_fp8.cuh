@@ -18,10 +18,13 @@
 //           K-major tiles, completing on the stage's mbarrier; a dense row's block is one box
 //           range, a paged one one range per page part (box_rows = gcd(page_size, 64)); a TMA
 //           destination is 128-byte aligned, so rope or scale boxes narrower than that (pages of
-//           one fp8 token, of fewer than 8 fp8_ds_mla tokens) go as 16-byte bulk copies. The ring is
-//           filled at the segment's start; the warpgroup done with block i refills its stage with
-//           block i + kStages (one warp issues, lanes split the boxes). V rows past the row's
-//           length are zeroed in shared memory (kDsMla: their scales too); the cache may hold NaN.
+//           one fp8 token, of fewer than 8 fp8_ds_mla tokens) go as 16-byte bulk copies. The
+//           warpgroup done with block i refills its stage with block i + kStages (one warp issues,
+//           lanes split the boxes). With one warpgroup the ring is filled once, at the piece's start,
+//           and runs across segment boundaries (the refill after a segment's last blocks is the next
+//           row's first ones); several warpgroups merge through it, so it is filled at each
+//           segment's start and drained at its end. V rows past the row's length are zeroed in
+//           shared memory (kDsMla: their scales too); the cache may hold NaN.
 //   scores  S^T [64 tokens, 16 rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
 //           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 x kParts): the query is staged per row, scaled by
 //           a power of two, as kParts e4m3 parts whose sum is the query exactly (2 parts hold any
