@@ -22,7 +22,8 @@ rm -rf "$dir"
 mkdir -p "$dir"
 git archive "$ref" tilegym benchmarks | tar -x -C "$dir"
 export TILEGYM_CACHE_DIR=$root/.cache/tilecpp
-for tree in "$root" "$root/$dir"; do
+case $dir in /*) base=$dir ;; *) base=$root/$dir ;; esac
+for tree in "$root" "$base"; do
     (cd "$tree" && PYTHONPATH=. "$py" -m tilegym precompile --arch sm_90 | tail -n 1)
     if [ -f "$tree/benchmarks/sweep_cutlass_fp8.py" ]; then
         (cd "$tree" && PYTHONPATH=. "$py" benchmarks/sweep_cutlass_fp8.py --precompile > /dev/null)
