@@ -222,6 +222,28 @@ def test_large_pages_and_many_heads(page_size: int) -> None:
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize(("heads", "q_len"), [(16, 1), (16, 2), (128, 1)])
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+def test_pieces_that_cross_rows(heads: int, q_len: int, layout: str) -> None:
+    """Pieces of several blocks that meet several rows, of odd and even block counts: the kernel
+    fetches the next row's first blocks while a segment ends (buffers alternate over the piece)."""
+    g = torch.Generator().manual_seed(heads * 10 + q_len)
+    lens = tuple(int(n) for n in torch.randint(1, 700, (48,), generator=g))
+    x = make_mla_inputs(48, heads, 700, device="cuda", kv_lens=lens, generator=g, q_len=q_len)
+    kv, kpe, kwargs = x.kv, x.kpe, {"kv_lens": x.kv_lens}
+    if layout == "paged":
+        paged = to_pages(x, 16, generator=g)
+        kv, kpe, kwargs = paged.kv, paged.kpe, paged.layout_kwargs("paged")
+    call = validate_mla_decoding(x.q, x.qpe, kv, kpe, **kwargs)
+    rows = cutlass_mla.plan(call).schedule.piece_rows.cpu()
+    assert (rows[1] > rows[0]).sum() >= 8, "the schedule should have pieces that meet several rows"
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, kv, kpe, return_lse=True, backend=BACKEND, **kwargs)
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_graph_replay_is_bitwise_stable() -> None:
     g = torch.Generator().manual_seed(7)
     x = make_mla_inputs(8, 64, 1024, device="cuda", kv_lens=tuple(range(100, 1024, 120)), generator=g)
