@@ -225,8 +225,9 @@ def test_large_pages_and_many_heads(page_size: int) -> None:
 @pytest.mark.parametrize(("heads", "q_len"), [(16, 1), (16, 2), (128, 1)])
 @pytest.mark.parametrize("layout", ["dense", "paged"])
 def test_pieces_that_cross_rows(heads: int, q_len: int, layout: str) -> None:
-    """Pieces of several blocks that meet several rows, of odd and even block counts: the kernel
-    fetches the next row's first blocks while a segment ends (buffers alternate over the piece)."""
+    """Pieces of several blocks that meet several rows, with odd and even block counts per segment:
+    each segment refills both buffers and stages its query again, and rows split between pieces go
+    through the combine."""
     g = torch.Generator().manual_seed(heads * 10 + q_len)
     lens = tuple(int(n) for n in torch.randint(1, 700, (48,), generator=g))
     x = make_mla_inputs(48, heads, 700, device="cuda", kv_lens=lens, generator=g, q_len=q_len)
