@@ -1,12 +1,13 @@
-"""Time the cutlass bf16 split kernel with and without ``kLateB`` in one device call (a development tool).
+"""Time the cutlass bf16 split kernel's variants in one device call (a development tool).
 
     python benchmarks/sweep_cutlass_split.py [--suites many-heads,mtp]
 
 For every shape of the suites it plans the call once per setting of ``kLateB`` (warpgroup 1 scores
-block B at the start of a step, or after issuing P_A V_A,R), checks output and lse against a
+block B at the start of a step, or after issuing P_A V_A,R) and, with two 64-row groups, of
+``kPair`` (the groups as a cluster sharing each block's loads), checks output and lse against a
 float64 computation on the GPU, times CUDA-graph replays over rotating input sets (combine
-included) and prints one markdown table with the same-run ceilings. The plan's choice is
-``LATE_B_FROM_GROUPS``. Kernel times move by several percent between device calls, so compare
+included) and prints one markdown table with the same-run ceilings. The plan's choices are
+``LATE_B_FROM_GROUPS`` and ``PAIR_GROUPS``. Kernel times move by several percent between device calls, so compare
 settings within one call only. (Commit 25c90a1 holds the A/B of this kernel against the lockstep
 kernel it replaced.)
 """
@@ -25,7 +26,7 @@ from tilegym.testing import make_mla_inputs, relative_error
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 3
-LATE_B = (False, True)
+VARIANTS = ((False, False), (True, False), (False, True), (True, True))  # (kLateB, kPair = 2)
 
 
 def reference(x, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,13 +47,13 @@ def reference(x, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def plan_with(late_b: bool) -> type:
-    """The plan class with ``kLateB`` fixed to ``late_b``."""
+def plan_with(late_b: bool, pair: bool) -> type:
+    """The plan class with ``kLateB`` and ``kPair`` fixed."""
 
     def split(self: cutlass_mla.CutlassDecodePlan) -> cutlass_mla.CudaKernel:
-        return cutlass_mla.split_kernel(self.call.q.dtype, late_b)
+        return cutlass_mla.split_kernel(self.call.q.dtype, late_b, pair)
 
-    return type(f"LateB{int(late_b)}", (cutlass_mla.CutlassDecodePlan,), {"_split_kernel": split})
+    return type(f"LateB{int(late_b)}Pair{int(pair)}", (cutlass_mla.CutlassDecodePlan,), {"_split_kernel": split})
 
 
 def run_shape(shape: Shape) -> list[str]:
@@ -66,8 +67,12 @@ def run_shape(shape: Shape) -> list[str]:
     ref_out, ref_lse = reference(sets[0][0], lens)
     flops = flop_count(shape, sum(lens))
     cells = []
-    for late_b in LATE_B:
-        plans = [plan_with(late_b)(call) for _, call in sets]
+    groups = -(-shape.heads * shape.q_len // cutlass_mla.ROWS_PER_CTA)
+    for late_b, pair in VARIANTS:
+        if pair and groups != cutlass_mla.PAIR_GROUPS:
+            cells.append("-")
+            continue
+        plans = [plan_with(late_b, pair)(call) for _, call in sets]
         outs = [torch.empty_like(call.out) for _, call in sets]
         lses = [torch.empty(call.out.shape[:-1], device="cuda") for _, call in sets]
         runs = [
@@ -89,8 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"same-run ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 matmul {ceilings.matmul_tflops:.1f} TFLOP/s")
-    print("| shape | kLateB = 0 | kLateB = 1 |")
-    print("|---|---|---|")
+    print("| shape | kLateB = 0 | kLateB = 1 | kLateB = 0, pair | kLateB = 1, pair |")
+    print("|---|---|---|---|---|")
     for suite in args.suites.split(","):
         for shape in SUITES[suite]:
             if shape.heads * shape.q_len <= cutlass_mla.MAX_QUERY_ROWS:

@@ -91,7 +91,12 @@ def test_every_variant_is_listed_for_precompile() -> None:
     assert names == sorted(
         [
             *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
-            *(f"{cutlass_mla.KERNEL}<{c}, {late}>" for c in ("__half", "__nv_bfloat16") for late in (0, 1)),
+            *(
+                f"{cutlass_mla.KERNEL}<{c}, {late}, {pair}>"
+                for c in ("__half", "__nv_bfloat16")
+                for late in (0, 1)
+                for pair in (1, 2)
+            ),
             *fp8,
         ]
     )

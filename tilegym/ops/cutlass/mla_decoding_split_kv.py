@@ -38,12 +38,14 @@ ROWS_PER_CTA = 64  # query rows per CTA (the wgmma M)
 TOKENS_PER_BLOCK = 64  # KV tokens per step: the schedule's block
 THREADS = 256  # two warpgroups
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
-# (16 KB) + row maxima and sums (1 KB) + 18 mbarriers, plus 1 KB so the kernel can align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 18 * 8 + 1024
+# (16 KB) + row maxima and sums (1 KB) + 22 mbarriers, plus 1 KB so the kernel can align the buffer.
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 22 * 8 + 1024
 # Warpgroup 1 scores block B after P_A V_A,R when the plan has this many 64-row groups or more (H200,
 # one call: 64 x 4096 x 128 217.7 -> 201.9 us, 128 x 8192 x 128 727.6 -> 701.3; one group: 106.0 ->
 # 111.1 us at 64 x 4096 x 64).
 LATE_B_FROM_GROUPS = 2
+# Two 64-row groups run as a cluster of two CTAs that load each KV block once for both (TMA multicast).
+PAIR_GROUPS = 2
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
@@ -171,11 +173,12 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, late_b: bool = False) -> CudaKernel:
-    """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``late_b``: see LATE_B_FROM_GROUPS."""
+def split_kernel(dtype: torch.dtype, late_b: bool = False, pair: bool = False) -> CudaKernel:
+    """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``late_b``: see LATE_B_FROM_GROUPS;
+    ``pair``: see PAIR_GROUPS."""
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(HEADER, KERNEL, (ctype, int(late_b)), (*pointers, *SPLIT_PARAMS))
+    return CudaKernel(HEADER, KERNEL, (ctype, int(late_b), 2 if pair else 1), (*pointers, *SPLIT_PARAMS))
 
 
 @functools.cache
@@ -204,7 +207,8 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
-    kernels = [k for d in C_TYPES for k in (split_kernel(d), split_kernel(d, True), combine_kernel(d))]
+    kernels = [split_kernel(d, late_b, pair) for d in C_TYPES for late_b in (False, True) for pair in (False, True)]
+    kernels += [combine_kernel(d) for d in C_TYPES]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
 
@@ -388,7 +392,7 @@ class CutlassDecodePlan:
         self._launch_combine = combine.bind(self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1))
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups >= LATE_B_FROM_GROUPS)
+        return split_kernel(self.call.q.dtype, self.groups >= LATE_B_FROM_GROUPS, self.groups == PAIR_GROUPS)
 
     def _shared_bytes(self) -> int:
         return SHARED_BYTES
