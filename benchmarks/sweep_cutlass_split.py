@@ -26,7 +26,14 @@ from tilegym.testing import make_mla_inputs, relative_error
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 3
-VARIANTS = ((False, False), (True, False), (False, True), (True, True))  # (kLateB, kPair = 2)
+# (kLateB, kPair = 2, kMulticast) and their column titles
+VARIANTS = {
+    (False, False, False): "kLateB = 0",
+    (True, False, False): "kLateB = 1",
+    (False, True, False): "kLateB = 0, cluster pair",
+    (True, True, False): "kLateB = 1, cluster pair",
+    (True, True, True): "kLateB = 1, pair + multicast",
+}
 
 
 def reference(x, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,13 +54,14 @@ def reference(x, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def plan_with(late_b: bool, pair: bool) -> type:
-    """The plan class with ``kLateB`` and ``kPair`` fixed."""
+def plan_with(late_b: bool, pair: bool, multicast: bool) -> type:
+    """The plan class with the kernel's variant fixed."""
 
     def split(self: cutlass_mla.CutlassDecodePlan) -> cutlass_mla.CudaKernel:
-        return cutlass_mla.split_kernel(self.call.q.dtype, late_b, pair)
+        return cutlass_mla.split_kernel(self.call.q.dtype, late_b, pair, multicast)
 
-    return type(f"LateB{int(late_b)}Pair{int(pair)}", (cutlass_mla.CutlassDecodePlan,), {"_split_kernel": split})
+    name = f"LateB{int(late_b)}Pair{int(pair)}Multicast{int(multicast)}"
+    return type(name, (cutlass_mla.CutlassDecodePlan,), {"_split_kernel": split})
 
 
 def run_shape(shape: Shape) -> list[str]:
@@ -68,11 +76,11 @@ def run_shape(shape: Shape) -> list[str]:
     flops = flop_count(shape, sum(lens))
     cells = []
     groups = -(-shape.heads * shape.q_len // cutlass_mla.ROWS_PER_CTA)
-    for late_b, pair in VARIANTS:
+    for late_b, pair, multicast in VARIANTS:
         if pair and groups != cutlass_mla.PAIR_GROUPS:
             cells.append("-")
             continue
-        plans = [plan_with(late_b, pair)(call) for _, call in sets]
+        plans = [plan_with(late_b, pair, multicast)(call) for _, call in sets]
         outs = [torch.empty_like(call.out) for _, call in sets]
         lses = [torch.empty(call.out.shape[:-1], device="cuda") for _, call in sets]
         runs = [
@@ -91,11 +99,16 @@ def run_shape(shape: Shape) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suites", default="many-heads,mtp")
+    parser.add_argument("--precompile", action="store_true", help="build every variant's cubin (CPU) and exit")
     args = parser.parse_args()
+    if args.precompile:
+        for variant in VARIANTS:
+            cutlass_mla.split_kernel(torch.bfloat16, *variant).compile("sm_90a")
+        return
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"same-run ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 matmul {ceilings.matmul_tflops:.1f} TFLOP/s")
-    print("| shape | kLateB = 0 | kLateB = 1 | kLateB = 0, pair | kLateB = 1, pair |")
-    print("|---|---|---|---|---|")
+    print("| shape | " + " | ".join(VARIANTS.values()) + " |")
+    print("|---" * (len(VARIANTS) + 1) + "|")
     for suite in args.suites.split(","):
         for shape in SUITES[suite]:
             if shape.heads * shape.q_len <= cutlass_mla.MAX_QUERY_ROWS:

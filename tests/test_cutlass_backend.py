@@ -92,7 +92,7 @@ def test_every_variant_is_listed_for_precompile() -> None:
         [
             *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
             *(
-                f"{cutlass_mla.KERNEL}<{c}, {late}, {pair}>"
+                f"{cutlass_mla.KERNEL}<{c}, {late}, {pair}, {int(pair == 2 and cutlass_mla.PAIR_MULTICAST)}>"
                 for c in ("__half", "__nv_bfloat16")
                 for late in (0, 1)
                 for pair in (1, 2)

@@ -171,7 +171,8 @@ using tilegym_cutlass::tma_load_3d_multicast;
 // tiles are read from L2 once for both: each CTA loads every other tile of a buffer half into both
 // CTAs' shared memory (TMA multicast), after both are done with that half (mbarrier `empty`, one
 // arrival from each CTA).
-template <typename T, int kLateB, int kPair>
+// kMulticast = 0 with kPair = 2: the pair only runs as a cluster (the same GPC), each CTA loading its own.
+template <typename T, int kLateB, int kPair, int kMulticast>
 __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
@@ -200,15 +201,16 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   const int last_row = piece_rows[num_pieces + piece];
   const int my_row0 = (wt / 32) * 16 + (wt % 32) / 4;  // this thread's accumulator rows: + 0, + 8
 
-  const uint32_t rank = kPair > 1 ? tilegym_cutlass::cluster_rank() : 0;
+  constexpr bool kShare = kPair > 1 && kMulticast;
+  const uint32_t rank = kShare ? tilegym_cutlass::cluster_rank() : 0;
   if (tid == 0) {
     for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
-    if constexpr (kPair > 1) {
+    if constexpr (kShare) {
       for (int i = 0; i < 4; ++i) mbar_init(&smem.empty[i / 2][i % 2], kPair);
       tilegym_cutlass::fence_barrier_init();
     }
   }
-  if constexpr (kPair > 1) {
+  if constexpr (kShare) {
     tilegym_cutlass::cluster_sync();  // the pair's barriers exist before either CTA signals the other's
   } else {
     __syncthreads();
@@ -257,7 +259,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       if (wt >= 32) return;
       const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
       const int t0 = wg == 0 ? 0 : kLeftTiles, t1 = wg == 0 ? kLeftTiles : kTiles;
-      if constexpr (kPair > 1) {
+      if constexpr (kShare) {
         if (wt == 0) {
           for (int c = 0; c < kPair; ++c) tilegym_cutlass::mbar_arrive_in(&smem.empty[buf][wg], c);
         }
@@ -273,7 +275,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         for (int t = t0; t < t1; ++t) {
           unsigned char* dst = (t < 8 ? smem.kv[buf] + t * kTileBytes : smem.kpe[buf]) + box * box_rows * 128;
           const void* map = t < 8 ? &kv_map : &kpe_map;
-          if constexpr (kPair > 1) {
+          if constexpr (kShare) {
             if ((t & 1) == static_cast<int>(rank))
               tma_load_3d_multicast(dst, map, t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t], (1u << kPair) - 1);
           } else {
@@ -592,5 +594,5 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       }
     }
   }
-  if constexpr (kPair > 1) tilegym_cutlass::cluster_sync();  // no CTA leaves while its pair may signal it
+  if constexpr (kShare) tilegym_cutlass::cluster_sync();  // no CTA leaves while its pair may signal it
 }

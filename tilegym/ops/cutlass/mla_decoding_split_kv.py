@@ -46,6 +46,7 @@ SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 
 LATE_B_FROM_GROUPS = 2
 # Two 64-row groups run as a cluster of two CTAs that load each KV block once for both (TMA multicast).
 PAIR_GROUPS = 2
+PAIR_MULTICAST = False  # WIP: whether the pair shares each block's loads (TMA multicast)
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
@@ -173,12 +174,16 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, late_b: bool = False, pair: bool = False) -> CudaKernel:
+def split_kernel(
+    dtype: torch.dtype, late_b: bool = False, pair: bool = False, multicast: bool = PAIR_MULTICAST
+) -> CudaKernel:
     """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``late_b``: see LATE_B_FROM_GROUPS;
     ``pair``: see PAIR_GROUPS."""
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(HEADER, KERNEL, (ctype, int(late_b), 2 if pair else 1), (*pointers, *SPLIT_PARAMS))
+    return CudaKernel(
+        HEADER, KERNEL, (ctype, int(late_b), 2 if pair else 1, int(pair and multicast)), (*pointers, *SPLIT_PARAMS)
+    )
 
 
 @functools.cache
