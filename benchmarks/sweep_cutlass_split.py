@@ -1,15 +1,13 @@
-"""Time the cutlass bf16 split kernel's variants in one device call (a development tool).
+"""Time the cutlass bf16 split kernel with and without the cluster pair in one device call (a development tool).
 
-    python benchmarks/sweep_cutlass_split.py [--suites many-heads,mtp]
+    python benchmarks/sweep_cutlass_split.py [--suites many-heads,mtp] [--precompile]
 
-For every shape of the suites it plans the call once per setting of ``kLateB`` (warpgroup 1 scores
-block B at the start of a step, or after issuing P_A V_A,R) and, with two 64-row groups, of
-``kPair`` (the groups as a cluster sharing each block's loads), checks output and lse against a
-float64 computation on the GPU, times CUDA-graph replays over rotating input sets (combine
-included) and prints one markdown table with the same-run ceilings. The plan's choices are
-``LATE_B_FROM_GROUPS`` and ``PAIR_GROUPS``. Kernel times move by several percent between device calls, so compare
-settings within one call only. (Commit 25c90a1 holds the A/B of this kernel against the lockstep
-kernel it replaced.)
+For every shape of the suites it plans the call with the kernel the plan picks and, with two 64-row
+groups, also with the groups as separate CTAs (``kPair`` = 1 instead of a cluster of two), checks
+output and lse against a float64 computation on the GPU, times CUDA-graph replays over rotating
+input sets (combine included) and prints one markdown table with the same-run ceilings. Kernel
+times move by several percent between device calls, so compare variants within one call only.
+``--precompile`` builds both variants here (the GPU machine has no CUTLASS headers).
 """
 
 from __future__ import annotations
@@ -26,14 +24,7 @@ from tilegym.testing import make_mla_inputs, relative_error
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 3
-# (kLateB, kPair = 2, kMulticast) and their column titles
-VARIANTS = {
-    (False, False, False): "kLateB = 0",
-    (True, False, False): "kLateB = 1",
-    (False, True, False): "kLateB = 0, cluster pair",
-    (True, True, False): "kLateB = 1, cluster pair",
-    (True, True, True): "kLateB = 1, pair + multicast",
-}
+VARIANTS = {False: "separate CTAs", True: "cluster pair"}  # kPair = 2, the plan's choice at two groups
 
 
 def reference(x, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,14 +45,13 @@ def reference(x, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def plan_with(late_b: bool, pair: bool, multicast: bool) -> type:
-    """The plan class with the kernel's variant fixed."""
+def plan_with(pair: bool) -> type:
+    """The plan class with ``kPair`` fixed (one wave of pieces either way)."""
 
     def split(self: cutlass_mla.CutlassDecodePlan) -> cutlass_mla.CudaKernel:
-        return cutlass_mla.split_kernel(self.call.q.dtype, late_b, pair, multicast)
+        return cutlass_mla.split_kernel(self.call.q.dtype, pair)
 
-    name = f"LateB{int(late_b)}Pair{int(pair)}Multicast{int(multicast)}"
-    return type(name, (cutlass_mla.CutlassDecodePlan,), {"_split_kernel": split})
+    return type(f"Pair{int(pair)}", (cutlass_mla.CutlassDecodePlan,), {"_split_kernel": split})
 
 
 def run_shape(shape: Shape) -> list[str]:
@@ -76,11 +66,11 @@ def run_shape(shape: Shape) -> list[str]:
     flops = flop_count(shape, sum(lens))
     cells = []
     groups = -(-shape.heads * shape.q_len // cutlass_mla.ROWS_PER_CTA)
-    for late_b, pair, multicast in VARIANTS:
+    for pair in VARIANTS:
         if pair and groups != cutlass_mla.PAIR_GROUPS:
             cells.append("-")
             continue
-        plans = [plan_with(late_b, pair, multicast)(call) for _, call in sets]
+        plans = [plan_with(pair)(call) for _, call in sets]
         outs = [torch.empty_like(call.out) for _, call in sets]
         lses = [torch.empty(call.out.shape[:-1], device="cuda") for _, call in sets]
         runs = [
@@ -103,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.precompile:
         for variant in VARIANTS:
-            cutlass_mla.split_kernel(torch.bfloat16, *variant).compile("sm_90a")
+            cutlass_mla.split_kernel(torch.bfloat16, variant).compile("sm_90a")
         return
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"same-run ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 matmul {ceilings.matmul_tflops:.1f} TFLOP/s")

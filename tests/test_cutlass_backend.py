@@ -91,12 +91,7 @@ def test_every_variant_is_listed_for_precompile() -> None:
     assert names == sorted(
         [
             *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
-            *(
-                f"{cutlass_mla.KERNEL}<{c}, {late}, {pair}, {int(pair == 2 and cutlass_mla.PAIR_MULTICAST)}>"
-                for c in ("__half", "__nv_bfloat16")
-                for late in (0, 1)
-                for pair in (1, 2)
-            ),
+            *(f"{cutlass_mla.KERNEL}<{c}, {pair}>" for c in ("__half", "__nv_bfloat16") for pair in (1, 2)),
             *fp8,
         ]
     )
@@ -200,10 +195,11 @@ def test_parity_with_float64(heads: int, q_len: int, causal: bool, lens, layout:
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("split", [64, 128])
-def test_forced_splits_go_through_the_combine(dtype: torch.dtype, split: int) -> None:
-    g = torch.Generator().manual_seed(split)
+@pytest.mark.parametrize("heads", [32, 64])  # 64 or 128 query rows: one CTA or a cluster pair per piece
+def test_forced_splits_go_through_the_combine(dtype: torch.dtype, split: int, heads: int) -> None:
+    g = torch.Generator().manual_seed(split + heads)
     lens = (1000, 0, 513, 64, 1)
-    x = make_mla_inputs(5, 32, 1000, dtype=dtype, device="cuda", kv_lens=lens, generator=g, q_len=2)
+    x = make_mla_inputs(5, heads, 1000, dtype=dtype, device="cuda", kv_lens=lens, generator=g, q_len=2)
     out, lse = mla_decoding_split_kv(
         x.q, x.qpe, x.kv, x.kpe, 0.05, split, kv_lens=x.kv_lens, return_lse=True, backend=BACKEND
     )
@@ -246,6 +242,20 @@ def test_pieces_that_cross_rows(heads: int, q_len: int, layout: str) -> None:
     out, lse = mla_decoding_split_kv(x.q, x.qpe, kv, kpe, return_lse=True, backend=BACKEND, **kwargs)
     torch.cuda.synchronize()
     _check(x, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_cluster_pairs_stay_one_wave() -> None:
+    x = make_mla_inputs(64, 128, 256, device="cuda")
+    plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe))
+    kernel = plan._split_kernel()
+    assert kernel.instance_name.endswith(", 2>"), "two 64-row groups should run as a cluster pair"
+    programs = plan.schedule.shape.programs
+    fit = kernel.max_active_clusters(plan.device_index, (programs, 2, 1), (plan.threads, 1, 1), plan._shared_bytes())
+    sms = torch.cuda.get_device_properties(plan.device_index).multi_processor_count
+    print(f"{fit} clusters of two fit at once on {sms} SMs; the plan cuts {programs} pieces")
+    assert programs == min(sms // 2, fit)
 
 
 @pytest.mark.gpu

@@ -896,6 +896,22 @@ class CubinKernel:
             self._allow_shared_memory(loaded, shared_mem)
         return BoundLaunch(self.instance_name, loaded.handle, _ParamBuffer(self.param_types), grid, block, shared_mem)
 
+    def max_active_clusters(
+        self, device_index: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int
+    ) -> int:
+        """How many of this kernel's clusters (its compiled cluster shape) the device runs at once with
+        ``block`` threads and ``shared_mem`` bytes per CTA: a one-wave grid must not exceed it."""
+        drv = _driver()
+        loaded = self._loaded(device_index)
+        if shared_mem > loaded.shared_limit:
+            self._allow_shared_memory(loaded, shared_mem)
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        call = f"cuOccupancyMaxActiveClusters({self.instance_name}, block={block}, shared_mem={shared_mem})"
+        return int(_check(drv.cuOccupancyMaxActiveClusters(loaded.handle, config), call))
+
     def _launch(
         self,
         grid: tuple[int, int, int],

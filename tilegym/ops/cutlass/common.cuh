@@ -53,35 +53,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, 
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(bar))
       : "memory");
 }
-// tma_load_3d into the same shared offset of every CTA of the cluster in cta_mask; the bytes complete
-// on the mbarrier at bar's offset in each of them.
-__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const void* map, int c0, int c1, int c2, uint64_t* bar,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3, %4}], [%5], %6;\n" ::"r"(shared_address(dst)),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(bar)), "h"(cta_mask)
-      : "memory");
-}
-// Clusters: this CTA's rank, one arrival on the mbarrier at bar's offset in CTA `rank` of the cluster
-// (release: this thread's earlier reads of shared memory are done), and a barrier of every thread of
-// the cluster (after mbarrier.init, the fence makes the barriers visible to the other CTAs).
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(shared_address(bar)),
-      "r"(rank)
-      : "memory");
-}
-__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 // A contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> dst; its
 // bytes complete on bar. For rows too narrow for a TMA box (a tensor copy writes whole 128-byte
 // aligned destinations).
@@ -96,18 +67,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   while (!done) {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  }
-}
-
-// mbar_wait, acquiring at cluster scope (arrivals from other CTAs of the cluster).
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, int parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(shared_address(bar)), "r"(parity)
         : "memory");

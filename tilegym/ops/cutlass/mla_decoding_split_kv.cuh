@@ -44,7 +44,7 @@
 //          queries; writes per row met 64 * 512 * 4 B of partial output + 64 * 4 B of lse (a whole
 //          row: 64 * 512 * 2 B final output, + lse when asked).
 //   With more than 64 query rows the KV of a piece is read once per 64-row group (the groups of a
-//   piece run at the same time, so the second read mostly hits L2).
+//   piece run at the same time on one GPC, kPair, so the second read mostly hits L2).
 //
 // Layout: the TMA maps view the latent and rope caches as [units, rows, columns]: dense = (batch
 // rows, tokens), paged = (pages, page_size) with the pages of a row from a block-table row
@@ -145,7 +145,6 @@ struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   float m[2][kRows];                        // m_A, m_B of the current step
   float sum[2][kRows];                      // per-warpgroup row sums at the end of a segment
   uint64_t full[2][kTiles];                 // (buffer, tile) has landed
-  uint64_t empty[2][2];                     // (buffer, half) is read by neither CTA of a pair
 };
 
 using tilegym_cutlass::commit_async_copies;
@@ -161,18 +160,14 @@ using tilegym_cutlass::mbar_expect_bytes;
 using tilegym_cutlass::mbar_init;
 using tilegym_cutlass::mbar_wait;
 using tilegym_cutlass::tma_load_3d;
-using tilegym_cutlass::tma_load_3d_multicast;
 
 }  // namespace tilegym_cute
 
-// kLateB = 1: warpgroup 1 scores block B after issuing P_A V_A,R instead of at the start of the step
-// (the two score matmuls run one after the other, and block B has longer to land).
-// kPair = 2: the two 64-row groups of a piece (blockIdx.y 0 and 1) run as a cluster and each block's
-// tiles are read from L2 once for both: each CTA loads every other tile of a buffer half into both
-// CTAs' shared memory (TMA multicast), after both are done with that half (mbarrier `empty`, one
-// arrival from each CTA).
-// kMulticast = 0 with kPair = 2: the pair only runs as a cluster (the same GPC), each CTA loading its own.
-template <typename T, int kLateB, int kPair, int kMulticast>
+// kPair = 2 (two 64-row groups): the groups of a piece (blockIdx.y 0 and 1) run as a cluster, which
+// puts them on SMs of one GPC. Both read the same blocks at about the same time, and the second read
+// hits L2 near both. (Sharing the loads by TMA multicast instead was slower: each refill then waits
+// for the slower CTA of the pair.) kPair = 1: a cluster of one CTA.
+template <typename T, int kPair>
 __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
@@ -201,20 +196,10 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   const int last_row = piece_rows[num_pieces + piece];
   const int my_row0 = (wt / 32) * 16 + (wt % 32) / 4;  // this thread's accumulator rows: + 0, + 8
 
-  constexpr bool kShare = kPair > 1 && kMulticast;
-  const uint32_t rank = kShare ? tilegym_cutlass::cluster_rank() : 0;
   if (tid == 0) {
     for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
-    if constexpr (kShare) {
-      for (int i = 0; i < 4; ++i) mbar_init(&smem.empty[i / 2][i % 2], kPair);
-      tilegym_cutlass::fence_barrier_init();
-    }
   }
-  if constexpr (kShare) {
-    tilegym_cutlass::cluster_sync();  // the pair's barriers exist before either CTA signals the other's
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   auto mma_s = make_tiled_mma(typename Types<T>::MmaS{});
   auto mma_s_rope = make_tiled_mma(typename Types<T>::MmaSRope{});
@@ -234,8 +219,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   uint32_t* rP32 = reinterpret_cast<uint32_t*>(rP.data());
   uint32_t* rQpe32 = reinterpret_cast<uint32_t*>(rQpe.data());
 
-  int parity[2] = {0, 0};        // of each buffer's barriers
-  int empty_parity[2] = {0, 0};  // of this warpgroup's half of each buffer (kPair > 1)
+  int parity[2] = {0, 0};  // of each buffer's barriers
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b];
@@ -252,20 +236,10 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
     // This warpgroup's tiles of block blk into buffer buf by TMA, issued by its first warp: boxes of
     // box_rows tokens (a dense row's whole block, or the part of one page), lane l taking boxes
     // l, l + 32, ...; boxes wholly past the row's length are skipped (their bytes not expected).
-    // With a pair, this half of buf is refilled once both CTAs are done with it (each arrives once per
-    // refill, the first time for the empty buffer), and this CTA loads tiles t with t % 2 == rank into
-    // both; every tile's bytes are expected by each CTA on its own barrier.
     auto issue_block = [&](int blk, int buf) {
       if (wt >= 32) return;
       const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
       const int t0 = wg == 0 ? 0 : kLeftTiles, t1 = wg == 0 ? kLeftTiles : kTiles;
-      if constexpr (kShare) {
-        if (wt == 0) {
-          for (int c = 0; c < kPair; ++c) tilegym_cutlass::mbar_arrive_in(&smem.empty[buf][wg], c);
-        }
-        tilegym_cutlass::mbar_wait_cluster(&smem.empty[buf][wg], empty_parity[buf]);
-        empty_parity[buf] ^= 1;
-      }
       if (wt == 0) {
         for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * 128);
       }
@@ -273,14 +247,9 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         const auto [unit, row] =
             tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         for (int t = t0; t < t1; ++t) {
-          unsigned char* dst = (t < 8 ? smem.kv[buf] + t * kTileBytes : smem.kpe[buf]) + box * box_rows * 128;
-          const void* map = t < 8 ? &kv_map : &kpe_map;
-          if constexpr (kShare) {
-            if ((t & 1) == static_cast<int>(rank))
-              tma_load_3d_multicast(dst, map, t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t], (1u << kPair) - 1);
-          } else {
-            tma_load_3d(dst, map, t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t]);
-          }
+          unsigned char* dst = t < 8 ? smem.kv[buf] + t * kTileBytes : smem.kpe[buf];
+          tma_load_3d(dst + box * box_rows * 128, t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,
+                      &smem.full[buf][t]);
         }
       }
     };
@@ -415,7 +384,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           row_max[k] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         }
       };
-      if (wg == 0 || (has_b && !kLateB)) score_block();
+      if (wg == 0 || has_b) score_block();
 
       // Helpers of both warpgroups: O (this warpgroup's half) += P . V_half of buffer buf, with P from
       // registers (rP) or from shared memory (smem.p[src]).
@@ -514,7 +483,6 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         scale_o(scale);
         clear_tail(blk_a, 0);
         pv_remote(0);  // O_R += P_A V_A,R
-        if (has_b && kLateB) score_block();  // S_B after P_A V_A,R is issued: buffer B had more time to land
         float safe_b[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
@@ -594,5 +562,4 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       }
     }
   }
-  if constexpr (kShare) tilegym_cutlass::cluster_sync();  // no CTA leaves while its pair may signal it
 }

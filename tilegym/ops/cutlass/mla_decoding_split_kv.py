@@ -17,6 +17,7 @@ compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import struct
@@ -26,7 +27,7 @@ import torch
 
 from tilegym.ops.contract import DENSE, FP8_DS_MLA, RAGGED, MLADecodeCall
 from tilegym.ops.cubin_loader import CudaKernel
-from tilegym.ops.schedule import SplitSchedule, fewest_blocks_per_piece, schedule_shape
+from tilegym.ops.schedule import ScheduleShape, SplitSchedule, fewest_blocks_per_piece, schedule_shape
 from tilegym.utils import cdiv
 
 HEADER = "mla_decoding_split_kv.cuh"
@@ -38,15 +39,12 @@ ROWS_PER_CTA = 64  # query rows per CTA (the wgmma M)
 TOKENS_PER_BLOCK = 64  # KV tokens per step: the schedule's block
 THREADS = 256  # two warpgroups
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
-# (16 KB) + row maxima and sums (1 KB) + 22 mbarriers, plus 1 KB so the kernel can align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 22 * 8 + 1024
-# Warpgroup 1 scores block B after P_A V_A,R when the plan has this many 64-row groups or more (H200,
-# one call: 64 x 4096 x 128 217.7 -> 201.9 us, 128 x 8192 x 128 727.6 -> 701.3; one group: 106.0 ->
-# 111.1 us at 64 x 4096 x 64).
-LATE_B_FROM_GROUPS = 2
-# Two 64-row groups run as a cluster of two CTAs that load each KV block once for both (TMA multicast).
+# (16 KB) + row maxima and sums (1 KB) + 18 mbarriers, plus 1 KB so the kernel can align the buffer.
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 18 * 8 + 1024
+# Two 64-row groups run as a cluster of two CTAs (one GPC), so the group that reads a block second
+# finds it in L2 nearby (H200, one call: 64 x 4096 x 128 203.7 -> 178.9 us, 128 x 8192 x 128 701.8 ->
+# 628.3 us against separate CTAs).
 PAIR_GROUPS = 2
-PAIR_MULTICAST = False  # WIP: whether the pair shares each block's loads (TMA multicast)
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
@@ -174,16 +172,12 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(
-    dtype: torch.dtype, late_b: bool = False, pair: bool = False, multicast: bool = PAIR_MULTICAST
-) -> CudaKernel:
-    """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``late_b``: see LATE_B_FROM_GROUPS;
-    ``pair``: see PAIR_GROUPS."""
+def split_kernel(dtype: torch.dtype, pair: bool = False) -> CudaKernel:
+    """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``pair``: the two 64-row groups of a
+    piece as a cluster (PAIR_GROUPS)."""
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(
-        HEADER, KERNEL, (ctype, int(late_b), 2 if pair else 1, int(pair and multicast)), (*pointers, *SPLIT_PARAMS)
-    )
+    return CudaKernel(HEADER, KERNEL, (ctype, 2 if pair else 1), (*pointers, *SPLIT_PARAMS))
 
 
 @functools.cache
@@ -212,7 +206,7 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
-    kernels = [split_kernel(d, late_b, pair) for d in C_TYPES for late_b in (False, True) for pair in (False, True)]
+    kernels = [split_kernel(d, pair) for d in C_TYPES for pair in (False, True)]
     kernels += [combine_kernel(d) for d in C_TYPES]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
@@ -344,7 +338,8 @@ class CutlassDecodePlan:
 
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
-        groups = cdiv(call.query_rows, self.rows_per_cta)
+        self.groups = groups = cdiv(call.query_rows, self.rows_per_cta)
+        self.device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
         shape = schedule_shape(
             call,
             block_n=self.block_n,
@@ -352,11 +347,11 @@ class CutlassDecodePlan:
             head_groups=groups,
             min_blocks=self.min_blocks,
         )
+        shape = self._one_wave(shape)
         self.schedule = s = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
         self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=torch.float32, device=device)
         self.part_lse = torch.empty((shape.slots, rows), dtype=torch.float32, device=device)
-        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         table = call.block_table if call.block_table is not None else call.kv_indices
         self._split_schedule = (
             0 if table is None or table.numel() == 0 else table.data_ptr(),
@@ -388,7 +383,6 @@ class CutlassDecodePlan:
         self._combine_schedule = (*self._workspace, s.cum_blocks.data_ptr(), s.blocks_per_program.data_ptr())
         self._combine_sizes = (rows, int(call.return_lse))
         grid = (shape.programs, groups, 1)
-        self.groups = groups
         self._maps: dict[tuple[int, int, int], tuple[bytes | int, ...]] = {}
         self._launch_split = self._split_kernel().bind(
             self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
@@ -397,7 +391,16 @@ class CutlassDecodePlan:
         self._launch_combine = combine.bind(self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1))
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups >= LATE_B_FROM_GROUPS, self.groups == PAIR_GROUPS)
+        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS)
+
+    def _one_wave(self, shape: ScheduleShape) -> ScheduleShape:
+        """``shape`` with no more pieces than pairs of CTAs the GPU runs at once (clusters need both
+        SMs in one GPC, which some SM counts do not allow for every SM): the pieces stay one wave."""
+        if self.groups != PAIR_GROUPS or shape.fixed_blocks is not None:
+            return shape
+        grid, block = (shape.programs, self.groups, 1), (self.threads, 1, 1)
+        fit = self._split_kernel().max_active_clusters(self.device_index, grid, block, self._shared_bytes())
+        return dataclasses.replace(shape, programs=max(1, min(shape.programs, fit)))
 
     def _shared_bytes(self) -> int:
         return SHARED_BYTES
