@@ -101,7 +101,7 @@ def on_arch(monkeypatch: pytest.MonkeyPatch):
     "features, key",
     [
         (SMALL, SMALL_KEY),
-        ({**SMALL, "rows_per_kv": 17, "batch": 1, "length_hint": 2049}, "rows_per_kv<=32/batch<=1/length<=8192"),
+        ({**SMALL, "rows_per_kv": 17, "batch": 1, "length_hint": 2049}, "rows_per_kv<=32/batch<=1/length<=4096"),
         ({**SMALL, "rows_per_kv": 65, "batch": 129, "length_hint": 32769}, "rows_per_kv>64/batch>128/length>32768"),
         ({**SMALL, "layout": "paged", "kv_dtype": "fp8"}, "rows_per_kv<=16/batch<=8/length<=2048/paged/fp8"),
     ],
@@ -125,7 +125,7 @@ def test_table_ranks_by_geometric_mean_and_ignores_failed_rows(reports):
     shape = next(e for e in small["evidence"] if e["batch"] == 4)
     assert shape["time_us"] == {"torch": 400.0, "triton": 10.0, "tilecpp": 12.0}
     assert shape["not_ok"] == {"aiter": "FAILED: wrong result"}
-    big = table["ops"][OP]["rows_per_kv>64/batch<=128/length<=8192/dense/bf16"]
+    big = table["ops"][OP]["rows_per_kv>64/batch<=64/length<=4096/dense/bf16"]
     assert [r["backend"] for r in big["ranking"]] == ["tilecpp", "triton"]
 
 
@@ -293,7 +293,7 @@ def test_explain_fallback_says_why(table, on_arch):
 def test_explain_main_on_the_committed_h200_table(capsys):
     assert selection.explain_main(["--shape", "64,4096,16", "--kv-dtype", "fp8", "--arch", "sm_90"]) == 0
     text = capsys.readouterr().out
-    assert "auto picks cutlass" in text and "rows_per_kv<=16/batch<=128/length<=8192/dense/fp8" in text
+    assert "auto picks cutlass" in text and "rows_per_kv<=16/batch<=64/length<=4096/dense/fp8" in text
     assert selection.explain_main(["--shape", "4,1024,16,1", "--arch", "sm_90"]) == 0
     text = capsys.readouterr().out
     report = json.loads((ROOT / "benchmarks/results/deepseek/mla_decoding_split_kv_deepseek_bf16.json").read_text())

@@ -45,8 +45,8 @@ GENERATOR = "python -m tilegym selection-table"
 # Upper bucket edges (inclusive) per selection feature; a value above the last edge is ">last".
 BUCKET_EDGES: dict[str, tuple[int, ...]] = {
     "rows_per_kv": (16, 32, 64),
-    "batch": (1, 8, 32, 128),
-    "length_hint": (2048, 8192, 32768),
+    "batch": (1, 8, 32, 64, 128),
+    "length_hint": (2048, 4096, 8192, 32768),
 }
 RELAXED_LAYOUT = "dense"
 
