@@ -167,6 +167,7 @@ GPU_CASES = [
     (64, 2, False, (129, 1, 300, 64)),
     (128, 1, True, (300, 0, 191, 200)),
     (128, 1, True, None),
+    (16, 6, True, (300, 5, 0, 100)),  # 96 rows: a cluster pair whose second CTA is half empty
 ]
 
 
