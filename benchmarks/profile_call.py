@@ -6,6 +6,8 @@
 Builds the inputs of a ``BxSxH`` shape (dense cache, full lengths, bf16 queries; ``--kv`` fp8,
 fp8_ds_mla or bf16), plans the call for ``--backend`` once and runs it ``--calls`` times, then
 synchronises. Nothing is timed here: the profiler measures the launches it selects.
+``--separate-groups`` (cutlass, 65-128 query rows): run the two 64-row groups of a piece as
+separate CTAs instead of a cluster pair, to profile what the pair changes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ def main() -> None:
     parser.add_argument("--backend", default="cutlass")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--separate-groups", action="store_true", help="cutlass: no cluster pair")
     args = parser.parse_args()
+    if args.separate_groups:
+        from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+
+        cutlass_mla.PAIR_GROUPS = 0  # no plan has zero groups: every group is its own CTA
     batch, seq_len, heads = map(int, args.shape.split("x"))
     kv_dtype = torch.float8_e4m3fn if args.kv == "fp8" else None
     x = make_mla_inputs(batch, heads, seq_len, kv_dtype=kv_dtype, device=args.device)
