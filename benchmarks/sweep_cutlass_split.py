@@ -22,6 +22,7 @@ from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
 from tilegym.ops.mla_decoding import SUITES, Shape, flop_count, row_lengths
 from tilegym.testing import make_mla_inputs, relative_error
 from tilegym.timing import time_calls
+from tilegym.utils import cdiv
 
 ROTATING_SETS = 3
 VARIANTS = {False: "separate CTAs", True: "cluster pair"}  # kPair = 2, the plan's choice at two groups
@@ -65,7 +66,7 @@ def run_shape(shape: Shape) -> list[str]:
     ref_out, ref_lse = reference(sets[0][0], lens)
     flops = flop_count(shape, sum(lens))
     cells = []
-    groups = -(-shape.heads * shape.q_len // cutlass_mla.ROWS_PER_CTA)
+    groups = cdiv(shape.heads * shape.q_len, cutlass_mla.ROWS_PER_CTA)
     for pair in VARIANTS:
         if pair and groups != cutlass_mla.PAIR_GROUPS:
             cells.append("-")

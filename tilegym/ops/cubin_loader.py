@@ -870,6 +870,13 @@ class CubinKernel:
             raise CudaDriverError(f"expected one kernel named like {self.kernel_name} in {origin}, found {names}")
         return names[0]
 
+    def _loaded_for(self, device_index: int, shared_mem: int) -> _LoadedFunction:
+        """The loaded function, allowed ``shared_mem`` bytes of dynamic shared memory."""
+        loaded = self._loaded(device_index)
+        if shared_mem > loaded.shared_limit:
+            self._allow_shared_memory(loaded, shared_mem)
+        return loaded
+
     def _allow_shared_memory(self, loaded: _LoadedFunction, shared_mem: int) -> None:
         drv = _driver()
         attribute = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -891,9 +898,7 @@ class CubinKernel:
         Loads the function now; each call of the result then only packs the arguments and calls
         ``cuLaunchKernel`` (the fast path of a plan). Not thread-safe: one argument buffer.
         """
-        loaded = self._loaded(device_index)
-        if shared_mem > loaded.shared_limit:
-            self._allow_shared_memory(loaded, shared_mem)
+        loaded = self._loaded_for(device_index, shared_mem)
         return BoundLaunch(self.instance_name, loaded.handle, _ParamBuffer(self.param_types), grid, block, shared_mem)
 
     def max_active_clusters(
@@ -902,9 +907,7 @@ class CubinKernel:
         """How many of this kernel's clusters (its compiled cluster shape) the device runs at once with
         ``block`` threads and ``shared_mem`` bytes per CTA: a one-wave grid must not exceed it."""
         drv = _driver()
-        loaded = self._loaded(device_index)
-        if shared_mem > loaded.shared_limit:
-            self._allow_shared_memory(loaded, shared_mem)
+        loaded = self._loaded_for(device_index, shared_mem)
         config = drv.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = block
@@ -921,9 +924,7 @@ class CubinKernel:
         stream: int,
         device_index: int,
     ) -> None:
-        loaded = self._loaded(device_index)
-        if shared_mem > loaded.shared_limit:
-            self._allow_shared_memory(loaded, shared_mem)
+        loaded = self._loaded_for(device_index, shared_mem)
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
             buffer = self._local.buffer = _ParamBuffer(self.param_types)
