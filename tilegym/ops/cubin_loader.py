@@ -571,8 +571,47 @@ def _libcuda_launch() -> Any | None:
     return fn
 
 
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: the id, 4 bytes of padding, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuda.h)."""
+
+    _fields_ = [
+        ("dims", ctypes.c_uint * 6),
+        ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+@functools.cache
+def _libcuda_launch_ex() -> Any | None:
+    """The driver's ``cuLaunchKernelEx`` through ctypes, or None when libcuda cannot be opened."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
 class BoundLaunch:
-    """One kernel's launch with its function handle, grid, block and shared memory fixed."""
+    """One kernel's launch with its function handle, grid, block and shared memory fixed.
+
+    ``early_start``: launch with programmatic stream serialization, so the kernel may start before
+    the previous kernel on the stream has finished, once every CTA of that kernel has executed
+    ``griddepcontrol.launch_dependents`` (sm_90+). The kernel must then execute ``griddepcontrol.wait``
+    before it reads what the previous kernel wrote.
+    """
 
     def __init__(
         self,
@@ -582,24 +621,58 @@ class BoundLaunch:
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
         shared_mem: int,
+        early_start: bool = False,
     ) -> None:
         self._name = name
         self._handle = handle
         self._buffer = buffer
         self._dims = (*grid, *block, shared_mem)
-        self._raw = _libcuda_launch()
         self._raw_handle = int(handle)
+        self._early_start = early_start
+        if early_start:
+            self._raw = _libcuda_launch_ex()
+            self._attribute = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+            self._attribute.value[0] = 1
+            self._config = _LaunchConfig((ctypes.c_uint * 6)(*grid, *block), shared_mem)
+            self._config.attrs = ctypes.addressof(self._attribute)
+            self._config.num_attrs = 1
+            self._config_address = ctypes.addressof(self._config)
+        else:
+            self._raw = _libcuda_launch()
         self._cu_launch = _driver().cuLaunchKernel
 
     def __call__(self, args: Sequence[Any], stream: int) -> None:
         """Launch with ``args`` (in ``param_types`` order) on ``stream`` (a ``cudaStream_t`` address)."""
         params = self._buffer.fill(args)
+        if self._early_start:
+            self._launch_early(params, stream)
+            return
         if self._raw is not None:
             if self._raw(self._raw_handle, *self._dims, stream, params, None) == 0:
                 return
         result = self._cu_launch(self._handle, *self._dims, stream, params, 0)
         if int(result[0]) != 0:
             _check(result, f"cuLaunchKernel({self._name}, dims={self._dims})")
+
+    def _launch_early(self, params: int, stream: int) -> None:
+        self._config.stream = stream
+        if self._raw is not None and self._raw(self._config_address, self._raw_handle, params, None) == 0:
+            return
+        drv = _driver()
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ = (
+            self._dims[:6]
+        )
+        config.sharedMemBytes = self._dims[6]
+        config.hStream = stream
+        attribute = drv.CUlaunchAttribute()
+        attribute.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attribute]
+        config.numAttrs = 1
+        _check(
+            drv.cuLaunchKernelEx(config, self._handle, params, 0), f"cuLaunchKernelEx({self._name}, dims={self._dims})"
+        )
 
 
 @dataclass
@@ -892,14 +965,17 @@ class CubinKernel:
         grid: tuple[int, int, int],
         block: tuple[int, int, int] = (1, 1, 1),
         shared_mem: int = 0,
+        early_start: bool = False,
     ) -> BoundLaunch:
         """A launch of this kernel with a fixed grid, block and shared memory on the current context.
 
         Loads the function now; each call of the result then only packs the arguments and calls
         ``cuLaunchKernel`` (the fast path of a plan). Not thread-safe: one argument buffer.
+        ``early_start``: programmatic dependent launch after the stream's previous kernel (``BoundLaunch``).
         """
         loaded = self._loaded_for(device_index, shared_mem)
-        return BoundLaunch(self.instance_name, loaded.handle, _ParamBuffer(self.param_types), grid, block, shared_mem)
+        buffer = _ParamBuffer(self.param_types)
+        return BoundLaunch(self.instance_name, loaded.handle, buffer, grid, block, shared_mem, early_start)
 
     def max_active_clusters(
         self, device_index: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int

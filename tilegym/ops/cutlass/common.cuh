@@ -73,6 +73,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   }
 }
 
+// Programmatic dependent launch (sm_90): a split kernel lets the next kernel of its stream (the
+// combine, launched with programmatic stream serialization) start once every CTA has said so; the
+// combine waits for the split grid to finish, and its writes to be visible, before it reads them.
+// Both are no-ops in a launch without that attribute.
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // Asks L2 to hold the 128-byte line at p (no register, no wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 

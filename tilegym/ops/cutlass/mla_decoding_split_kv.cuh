@@ -200,6 +200,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   if (tid == 0) {
     for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
   }
+  tilegym_cutlass::allow_dependent_launch();  // the combine may be placed as SMs free up
   __syncthreads();
 
   auto mma_s = make_tiled_mma(typename Types<T>::MmaS{});

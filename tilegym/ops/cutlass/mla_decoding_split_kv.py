@@ -10,9 +10,10 @@ Two stage-1 kernels:
     rows, where decoding is bound by the cache bytes; CTAs of one or more 128-thread warpgroups
     taking alternate blocks; the plan encodes TMA maps of the cache's values, rope and scales.
 Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
-zeroes empty rows. Variants: the dtypes and cache format only; layout (dense, paged, ragged, any
-page size), sizes, strides, lengths and the schedule are runtime arguments, so a new shape never
-compiles.
+zeroes empty rows; it is a programmatic dependent launch (its CTAs are placed as the split kernel's
+CTAs end and wait on the device for the split grid, with no kernel boundary between them).
+Variants: the dtypes and cache format only; layout (dense, paged, ragged, any page size), sizes,
+strides, lengths and the schedule are runtime arguments, so a new shape never compiles.
 """
 
 from __future__ import annotations
@@ -332,6 +333,9 @@ class CutlassDecodePlan:
 
     rows_per_cta = ROWS_PER_CTA
     threads = THREADS
+    # The combine starts as a programmatic dependent launch: its CTAs are placed while the split
+    # kernel's last CTAs run and wait on the device for its end, instead of after a full kernel boundary.
+    early_combine = True
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
     min_blocks = 1
@@ -388,7 +392,9 @@ class CutlassDecodePlan:
             self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
         )
         combine = combine_kernel(call.q.dtype)
-        self._launch_combine = combine.bind(self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1))
+        self._launch_combine = combine.bind(
+            self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1), early_start=self.early_combine
+        )
 
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS)

@@ -105,6 +105,7 @@ __device__ __forceinline__ int rope_offset(int r, int c) {
   return kFormat == kPerTensor ? swizzle64(r, c) : swizzle128(r, c);
 }
 
+using tilegym_cutlass::allow_dependent_launch;
 using tilegym_cutlass::bulk_load;
 using tilegym_cutlass::fence_async_shared;
 using tilegym_cutlass::mbar_expect_bytes;
@@ -355,6 +356,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       issued[s] = 0;
     }
   }
+  allow_dependent_launch();  // the combine's CTAs may take the SM room this kernel leaves
   __syncthreads();
   // Blocks of the piece in order, n = 0, 1, ...: block start + n of the flattened schedule, whatever its
   // row. A cursor over the rows that only moves forward finds the row of the block to issue (each

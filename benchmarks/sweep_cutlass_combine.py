@@ -1,0 +1,80 @@
+"""Time the cutlass backend with its combine launched early and normally, in one device call (a development tool).
+
+    python benchmarks/sweep_cutlass_combine.py [--specs mtp,many-heads,quantized+fp8] [--tree NAME]
+
+For every shape of each spec (a suite name, ``+fp8`` / ``+fp8_ds_mla`` for a quantized cache) it plans
+the call with the cutlass backend as ``python -m tilegym bench`` does (the same inputs, rotating sets
+and float64 check), once with the combine as a programmatic dependent launch (``early_combine``) and
+once as an ordinary launch, and prints a markdown table with the same-run ceilings. Run from an older
+tree (``PYTHONPATH=.ab/REF``, see ``ab_build.sh``) it times that tree's plan alone (column "as built").
+Kernel times move by several percent between device calls: compare variants within one call only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from tilegym import bench
+from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+from tilegym.ops.mla_decoding import SUITES
+from tilegym.timing import time_calls
+
+KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_ds_mla": torch.uint8}
+
+
+def config(kv: str | None, ceilings: bench.Ceilings) -> bench.BenchConfig:
+    return bench.BenchConfig(
+        device=torch.device("cuda"),
+        dtype=torch.bfloat16,
+        kv_dtype=KV_DTYPES.get(kv, torch.bfloat16),
+        warmup=5,
+        repeat=30,
+        ceilings=ceilings,
+        kv_cache_format="fp8_ds_mla" if kv == "fp8_ds_mla" else None,
+    )
+
+
+def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, early: bool | None) -> str:
+    """The cutlass plan's graph-replay time with ``early_combine`` = ``early`` (None: as this tree builds it)."""
+    if early is not None:
+        cutlass_mla.CutlassDecodePlan.early_combine = early
+    plan = bench.make_plan("cutlass", data, None)
+    tolerance = bench.error_tolerance("cutlass", cfg.dtype, cfg.kv_format)
+    err, problem = bench.check_result(bench.planned_call(plan, data, 0), data, tolerance)
+    if problem:
+        return f"FAILED: {problem}"
+    calls = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
+    timing = time_calls(calls, cfg.device, warmup=cfg.warmup, repeat=cfg.repeat, use_graph=True)
+    mode = "" if timing.mode == "cuda-graph" else f" [{timing.mode}]"
+    return f"{timing.median_us:.1f} us (err {err:.1e}){mode}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--specs", default="mtp,many-heads,quantized+fp8,quantized+fp8_ds_mla")
+    parser.add_argument("--tree", default="this tree", help="a label for the table")
+    args = parser.parse_args()
+    variants = {"early": True, "ordinary": False} if hasattr(cutlass_mla.CutlassDecodePlan, "early_combine") else {}
+    variants = variants or {"as built": None}
+    ceilings = bench.measure_ceilings(torch.device("cuda"))
+    copy, matmul = ceilings.copy_gbps, ceilings.matmul_tflops
+    print(f"{args.tree}; same-run ceilings: copy {copy:.0f} GB/s, matmul {matmul:.1f} TFLOP/s")
+    print("| spec | shape | " + " | ".join(variants) + " |")
+    print("|---" * (len(variants) + 2) + "|")
+    for spec in args.specs.split(","):
+        suite, _, kv = spec.partition("+")
+        cfg = config(kv or None, ceilings)
+        for shape in SUITES[suite]:
+            data = bench.make_shape_data(shape, cfg)
+            if bench.unsupported_reasons("cutlass", data, None):
+                continue
+            cells = [time_variant(data, cfg, early) for early in variants.values()]
+            print(f"| {spec} | {shape.label} | " + " | ".join(cells) + " |", flush=True)
+            del data
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
