@@ -427,9 +427,13 @@ class CutlassDecodePlan:
         if args is None:
             if len(self._maps) >= MAPS_KEPT:
                 self._maps.clear()
-            rows = tma_box_rows(self.call)
+            rows = self._box_rows()
             args = self._maps[key] = (*self._encode_maps(kv, kpe, kv_scale, rows), rows)
         return args
+
+    def _box_rows(self) -> int:
+        """Tokens per TMA box (the kernels take any power of two that divides their 64-token block)."""
+        return tma_box_rows(self.call)
 
     def _encode_maps(
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int

@@ -1,12 +1,15 @@
-"""Time the cutlass backend with its combine launched early and normally, in one device call (a development tool).
+"""Time variants of the cutlass backend's plan side by side in one device call (a development tool).
 
-    python benchmarks/sweep_cutlass_combine.py [--specs mtp,many-heads,quantized+fp8] [--tree NAME]
+    python benchmarks/sweep_cutlass_plan.py [--specs mtp,many-heads,quantized+fp8] [--variants early,ordinary]
+    python benchmarks/sweep_cutlass_plan.py --precompile   # on the CPU machine: every variant's cubins
 
 For every shape of each spec (a suite name, ``+fp8`` / ``+fp8_ds_mla`` for a quantized cache) it plans
 the call with the cutlass backend as ``python -m tilegym bench`` does (the same inputs, rotating sets
-and float64 check), once with the combine as a programmatic dependent launch (``early_combine``) and
-once as an ordinary launch, and prints a markdown table with the same-run ceilings. Run from an older
-tree (``PYTHONPATH=.ab/REF``, see ``ab_build.sh``) it times that tree's plan alone (column "as built").
+and float64 check) once per variant, and prints a markdown table with the same-run ceilings. Variants
+(``VARIANTS``): ``early`` / ``ordinary``, the combine as a programmatic dependent launch or not;
+``box64`` ... ``box8``, tokens per TMA box (a 64-token block as one box per 64-column tile, or as 2-8
+boxes, which changes the order in which the block's bytes are asked of memory). Run
+from an older tree (``PYTHONPATH=.ab/REF``, see ``ab_build.sh``) it times that tree's plan as built.
 Kernel times move by several percent between device calls: compare variants within one call only.
 """
 
@@ -36,11 +39,29 @@ def config(kv: str | None, ceilings: bench.Ceilings) -> bench.BenchConfig:
     )
 
 
-def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, early: bool | None) -> str:
-    """The cutlass plan's graph-replay time with ``early_combine`` = ``early`` (None: as this tree builds it)."""
-    if early is not None:
-        cutlass_mla.CutlassDecodePlan.early_combine = early
-    plan = bench.make_plan("cutlass", data, None)
+def _box_rows(rows: int):
+    return lambda self: min(rows, cutlass_mla.tma_box_rows(self.call))
+
+
+# Variant name -> attributes set on the plan class for its plans (the fp8 plan inherits them).
+VARIANTS = {
+    "early": {"early_combine": True},
+    "ordinary": {"early_combine": False},
+    **{f"box{n}": {"_box_rows": _box_rows(n)} for n in (64, 32, 16, 8)},
+}
+
+
+def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, variant: str) -> str:
+    """The cutlass plan's graph-replay time with ``variant``'s attributes ("as built": none)."""
+    cls = cutlass_mla.CutlassDecodePlan
+    saved = {name: cls.__dict__[name] for name in VARIANTS.get(variant, {})}
+    for name, value in VARIANTS.get(variant, {}).items():
+        setattr(cls, name, value)
+    try:
+        plan = bench.make_plan("cutlass", data, None)
+    finally:
+        for name, value in saved.items():
+            setattr(cls, name, value)
     tolerance = bench.error_tolerance("cutlass", cfg.dtype, cfg.kv_format)
     err, problem = bench.check_result(bench.planned_call(plan, data, 0), data, tolerance)
     if problem:
@@ -54,10 +75,10 @@ def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, early: bool | No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", default="mtp,many-heads,quantized+fp8,quantized+fp8_ds_mla")
+    parser.add_argument("--variants", default="early,ordinary")
     parser.add_argument("--tree", default="this tree", help="a label for the table")
     args = parser.parse_args()
-    variants = {"early": True, "ordinary": False} if hasattr(cutlass_mla.CutlassDecodePlan, "early_combine") else {}
-    variants = variants or {"as built": None}
+    variants = args.variants.split(",") if hasattr(cutlass_mla.CutlassDecodePlan, "_box_rows") else ["as built"]
     ceilings = bench.measure_ceilings(torch.device("cuda"))
     copy, matmul = ceilings.copy_gbps, ceilings.matmul_tflops
     print(f"{args.tree}; same-run ceilings: copy {copy:.0f} GB/s, matmul {matmul:.1f} TFLOP/s")
@@ -70,7 +91,7 @@ def main() -> None:
             data = bench.make_shape_data(shape, cfg)
             if bench.unsupported_reasons("cutlass", data, None):
                 continue
-            cells = [time_variant(data, cfg, early) for early in variants.values()]
+            cells = [time_variant(data, cfg, variant) for variant in variants]
             print(f"| {spec} | {shape.label} | " + " | ".join(cells) + " |", flush=True)
             del data
             torch.cuda.empty_cache()
