@@ -134,10 +134,12 @@ def test_fp8_cache(q_dtype):
     assert_matches_oracle(inputs, out, lse, dtype=q_dtype)
 
 
+@pytest.mark.parametrize("stages", [1, 2], ids=["one-load", "v-loaded-again"])
 @pytest.mark.parametrize("q_gain", [1e5, 1e-6], ids=["q-beyond-fp16-range", "tiny-q"])
-def test_fp8_one_tile_rescales_queries_into_fp16(q_gain):
-    """fp8_one_tile casts bf16 queries to fp16: a per-head power-of-two scale keeps
-    queries far outside the fp16 range exact (unscaled, 1e5 would overflow to inf)."""
+def test_fp8_fp16_scores_rescale_queries_into_fp16(q_gain, stages):
+    """fp8_fp16_scores casts bf16 queries to fp16: a per-head power-of-two scale keeps
+    queries far outside the fp16 range exact (unscaled, 1e5 would overflow to inf). With
+    pipeline stages the kernel reads each fp8 tile a second time for V."""
     from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig
 
     inputs = make_mla_inputs(
@@ -145,7 +147,7 @@ def test_fp8_one_tile_rescales_queries_into_fp16(q_gain):
     )
     inputs.q.mul_(q_gain)
     inputs.qpe.mul_(q_gain)
-    config = KernelConfig(16, 32, num_warps=4, num_stages=1, fp8_one_tile=True)
+    config = KernelConfig(16, 32, num_warps=4, num_stages=stages, fp8_fp16_scores=True)
     out, lse = run_with_config(inputs, config, kv_len_per_split=64)
     assert_matches_oracle(inputs, out, dtype=torch.bfloat16)
     _, ref_lse = mla_decode_float64(

@@ -57,8 +57,8 @@ class KernelConfig:
     ``block_n``: KV tokens per loop step, also the schedule's block. ``programs_per_sm``:
     occupancy goal of the balanced schedule. ``min_blocks``: shortest segment in blocks.
     ``fp8_v_fp16``: with an fp8 cache, multiply P by V in fp16 rather than in the query
-    dtype. ``fp8_one_tile``: widen each fp8 tile once to fp16 and use it for both dots
-    (the queries are rescaled per row by a power of two into fp16).
+    dtype. ``fp8_fp16_scores``: with an fp8 cache, score in fp16 (K widened to fp16, the queries
+    rescaled per row by a power of two into fp16) rather than in the query dtype.
     """
 
     block_h: int
@@ -68,7 +68,7 @@ class KernelConfig:
     programs_per_sm: int = 2
     min_blocks: int = 2
     fp8_v_fp16: bool = True
-    fp8_one_tile: bool = False
+    fp8_fp16_scores: bool = False
 
 
 def default_config(call: MLADecodeCall) -> KernelConfig:
@@ -76,8 +76,10 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
     benchmarks/NOTES_triton.md)."""
     rows = call.query_rows
     block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(rows)))
-    if call.vendor == "cpu":  # interpreter: short steps, so small test shapes still cut rows into segments
-        return KernelConfig(block_h, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1, min_blocks=1)
+    if call.vendor == "cpu":
+        # Interpreter: short steps, so small test shapes still cut rows into segments. Two stages as on
+        # GPUs: the interpreter does not pipeline, but the fp8 paths read V differently when pipelined.
+        return KernelConfig(block_h, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1, min_blocks=1)
     if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
@@ -89,11 +91,11 @@ def default_config(call: MLADecodeCall) -> KernelConfig:
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
-    if call.is_fp8:  # one fp16 tile for K and V measured 128.5 us vs 163.6 (round 2)
-        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_one_tile=True)
+    if call.is_fp8:  # 64 x 4096 x 16: 98.4 us, scores in bf16 107.4, 64-token steps 139.7 (session 12)
+        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_fp16_scores=True)
     if call.kv_format == MXFP4:  # 64 x 4096 x 16: 322 us vs 377 with 32-token steps and 4 warps
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=3)
-    if call.is_packed:  # fp8_ds_mla, 64 x 4096 x 16: 220 us, the best of the sweep
+    if call.is_packed:  # fp8_ds_mla, 64 x 4096 x 16: 216.0 us (session 12; n64 w8 s2: 215.0, not checked on GPU)
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3)
     if call.batch * call.length_hint <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2, min_blocks=1)
@@ -183,7 +185,7 @@ def _mla_split_kernel(
     IS_FP8: tl.constexpr,
     KV_FORMAT: tl.constexpr,
     FP8_V_FP16: tl.constexpr,
-    FP8_ONE_TILE: tl.constexpr,
+    FP8_FP16_SCORES: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
@@ -233,7 +235,7 @@ def _mla_split_kernel(
         if IS_FP8:
             kv_scale = tl.load(kv_scale_ptr)
             row_scale = row_scale * kv_scale
-            if FP8_ONE_TILE:
+            if FP8_FP16_SCORES:
                 q, qpe, head_scale = _queries_to_fp16(q, qpe)
                 row_scale = row_scale * head_scale
 
@@ -278,24 +280,20 @@ def _mla_split_kernel(
                 kpe_offs = _token_offsets(
                     table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
                 )
-                kv = tl.load(kv_row + kv_offs[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+                kv_ptrs = kv_row + kv_offs[:, None] + offs_d[None, :]
+                kv = tl.load(kv_ptrs, mask=n_mask[:, None], other=0.0)
                 kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-                if IS_FP8 and FP8_ONE_TILE:
-                    # One exact widening (native e4m3 -> f16 on NVIDIA); the same tile is K and V.
-                    kv = kv.to(tl.float16)
-                    kpe = kpe.to(tl.float16)
-                    v = kv
-                elif IS_FP8:
-                    if FP8_V_FP16:
-                        v = kv.to(tl.float16)
-                    else:
-                        v = kv.to(q_ptr.dtype.element_ty)
-                    kv = kv.to(q_ptr.dtype.element_ty)
-                    kpe = kpe.to(q_ptr.dtype.element_ty)
+                if IS_FP8:
+                    k_dtype = tl.float16 if FP8_FP16_SCORES else q_ptr.dtype.element_ty
+                    v_dtype = tl.float16 if FP8_V_FP16 else q_ptr.dtype.element_ty
+                    k_t, v = _fp8_operands(kv_ptrs, n_mask, k_dtype, v_dtype, NUM_STAGES, kv)
+                    kpe_t = tl.trans(kpe).to(k_dtype)
                 else:
                     v = kv
-                scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
-                scores = _dot(q, tl.trans(kv), scores, DOT_F32)
+                    k_t = tl.trans(kv)
+                    kpe_t = tl.trans(kpe)
+                scores = _dot(qpe, kpe_t, tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+                scores = _dot(q, k_t, scores, DOT_F32)
                 p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
                 acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
 
@@ -398,6 +396,21 @@ def _scaled_group_update(acc, alpha, p, scale, values, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _fp8_operands(ptrs, n_mask, K_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, tile=None):
+    """An fp8 tile [BLOCK_N, C] at ``ptrs`` as both dot operands, each widened exactly from shared
+    memory: K^T [C, BLOCK_N] in ``K_DTYPE`` and V [BLOCK_N, C] in ``V_DTYPE`` (``tile``: the tile if
+    already loaded). In a pipelined loop V is a second load of the same bytes (an L2 hit): Triton
+    stages a load in shared memory only when all its uses take one layout, and K^T and V do not,
+    so a single load would be waited for synchronously every step."""
+    if tile is None:
+        tile = tl.load(ptrs, mask=n_mask[:, None], other=0.0)
+    again = tile
+    if NUM_STAGES > 1:
+        again = tl.load(ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.trans(tile).to(K_DTYPE), again.to(V_DTYPE)
+
+
+@triton.jit
 def _attend_fp8_ds_mla(
     q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale,
     num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
@@ -435,26 +448,26 @@ def _attend_fp8_ds_mla(
             stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N,
         )  # fmt: skip
         kv_tile = kv_row + kv_offs[:, None] + offs_g[None, :]
-        k0 = tl.load(kv_tile, mask=n_mask[:, None], other=0.0).to(tl.float16)
-        k1 = tl.load(kv_tile + GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
-        k2 = tl.load(kv_tile + 2 * GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
-        k3 = tl.load(kv_tile + 3 * GROUP, mask=n_mask[:, None], other=0.0).to(tl.float16)
+        k0, v0 = _fp8_operands(kv_tile, n_mask, tl.float16, tl.float16, NUM_STAGES)
+        k1, v1 = _fp8_operands(kv_tile + GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
+        k2, v2 = _fp8_operands(kv_tile + 2 * GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
+        k3, v3 = _fp8_operands(kv_tile + 3 * GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
         s0 = tl.load(scale_row + s_offs, mask=n_mask, other=0.0)
         s1 = tl.load(scale_row + s_offs + 1, mask=n_mask, other=0.0)
         s2 = tl.load(scale_row + s_offs + 2, mask=n_mask, other=0.0)
         s3 = tl.load(scale_row + s_offs + 3, mask=n_mask, other=0.0)
         kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
         zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
-        latent = _dot(q0, tl.trans(k0), zero, DOT_F32) * s0[None, :]
-        latent += _dot(q1, tl.trans(k1), zero, DOT_F32) * s1[None, :]
-        latent += _dot(q2, tl.trans(k2), zero, DOT_F32) * s2[None, :]
-        latent += _dot(q3, tl.trans(k3), zero, DOT_F32) * s3[None, :]
+        latent = _dot(q0, k0, zero, DOT_F32) * s0[None, :]
+        latent += _dot(q1, k1, zero, DOT_F32) * s1[None, :]
+        latent += _dot(q2, k2, zero, DOT_F32) * s2[None, :]
+        latent += _dot(q3, k3, zero, DOT_F32) * s3[None, :]
         scores = _dot(qpe, tl.trans(kpe), zero, DOT_F32) + latent * head_scale[:, None]
         p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
-        acc0 = _scaled_group_update(acc0, alpha, p, s0, k0, DOT_F32)
-        acc1 = _scaled_group_update(acc1, alpha, p, s1, k1, DOT_F32)
-        acc2 = _scaled_group_update(acc2, alpha, p, s2, k2, DOT_F32)
-        acc3 = _scaled_group_update(acc3, alpha, p, s3, k3, DOT_F32)
+        acc0 = _scaled_group_update(acc0, alpha, p, s0, v0, DOT_F32)
+        acc1 = _scaled_group_update(acc1, alpha, p, s1, v1, DOT_F32)
+        acc2 = _scaled_group_update(acc2, alpha, p, s2, v2, DOT_F32)
+        acc3 = _scaled_group_update(acc3, alpha, p, s3, v3, DOT_F32)
     return m_i, l_i, _concat_groups(acc0, acc1, acc2, acc3, BLOCK_H, GROUP)
 
 
@@ -673,7 +686,7 @@ class TritonDecodePlan:
                 "IS_FP8": call.is_fp8,
                 "KV_FORMAT": KV_FORMAT_CODES.get(call.kv_format, 0),
                 "FP8_V_FP16": config.fp8_v_fp16,
-                "FP8_ONE_TILE": config.fp8_one_tile,
+                "FP8_FP16_SCORES": config.fp8_fp16_scores,
                 "WRITE_LSE": call.return_lse,
                 "DOT_F32": dot_f32,
             },
