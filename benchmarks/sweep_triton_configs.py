@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import re
 
 import torch
 
@@ -62,27 +61,20 @@ def float64_output(q, qpe, kv, kpe, kv_scale) -> torch.Tensor:
     return mla_decode_float64(q, qpe, kv, kpe, kv_scale=kv_scale)[0]
 
 
-CONFIG_NAME = re.compile(r"n(\d+)w(\d+)s(\d+)(f?)")
-
-
 def named_configs(names: str, default: KernelConfig, fmt: str) -> list[KernelConfig]:
-    """The configs ``--configs`` names for ``fmt``: ``default`` or ``n32w4s3f``-style names (block_n,
-    warps, stages, fp8 scores in fp16), each for every format or, prefixed ``fp8:``, for one."""
+    """The configs ``--configs`` names for ``fmt``: ``default`` or names like ``n32w4s3f``
+    (``KernelConfig.parse``), each for every format or, prefixed ``fp8:``, for one."""
     configs = []
     for entry in names.split(","):
         only, _, name = entry.rpartition(":")
         if only and only != fmt:
             continue
-        if name == "default":
-            configs.append(default)
-            continue
-        match = CONFIG_NAME.fullmatch(name)
-        if match is None:
-            raise SystemExit(f"--configs: {name!r} is not 'default' or n<block_n>w<warps>s<stages>[f]")
-        n, w, st, f = match.groups()
-        configs.append(
-            KernelConfig(default.block_h, int(n), int(w), int(st), default.programs_per_sm, fp8_fp16_scores=bool(f))
-        )
+        try:
+            configs.append(
+                default if name == "default" else KernelConfig.parse(name, default.block_h, default.programs_per_sm)
+            )
+        except ValueError as exc:
+            raise SystemExit(f"--configs: {exc}") from None
     return configs
 
 

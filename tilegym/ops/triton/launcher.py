@@ -78,6 +78,8 @@ class KernelLauncher:
             raise ValueError(f"constexprs {list(constexprs)} must be the last parameters of {names}")
         self.kernel = kernel
         self.grid = grid
+        self.constexprs = dict(constexprs)
+        self.num_warps, self.num_stages = num_warps, num_stages
         self._constexpr_values = tuple(constexprs.values())
         self._options = {**constexprs, "num_warps": num_warps, "num_stages": num_stages}
         self._direct: tuple[Any, Any, Any] | None = None

@@ -29,6 +29,7 @@ encodes as a guess.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,7 @@ SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured f
 FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps measured faster
 COMBINE_BLOCK_SPLITS = 16
 KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain values (fp8 per tensor too)
+CONFIG_NAME = re.compile(r"n(\d+)w(\d+)s(\d+)(f?)")
 
 
 @dataclass(frozen=True)
@@ -70,17 +72,32 @@ class KernelConfig:
     fp8_v_fp16: bool = True
     fp8_fp16_scores: bool = False
 
+    @property
+    def name(self) -> str:
+        """``n<block_n>w<warps>s<stages>``, ``f`` appended for fp8 scores in fp16 (see ``parse``)."""
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}" + ("f" if self.fp8_fp16_scores else "")
 
-def default_config(call: MLADecodeCall) -> KernelConfig:
-    """Tile sizes by vendor, query rows and cache dtype (NVIDIA numbers: H200 sweeps,
-    benchmarks/NOTES_triton.md)."""
+    @classmethod
+    def parse(cls, name: str, block_h: int, programs_per_sm: int = 2) -> KernelConfig:
+        """The config a name like ``n32w4s3f`` gives (tools and sweeps name configs this way)."""
+        match = CONFIG_NAME.fullmatch(name)
+        if match is None:
+            raise ValueError(f"config name {name!r} is not n<block_n>w<warps>s<stages>, optionally followed by f")
+        n, w, st, f = match.groups()
+        return cls(block_h, int(n), int(w), int(st), programs_per_sm, fp8_fp16_scores=bool(f))
+
+
+def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConfig:
+    """Tile sizes by vendor (the call's unless given), query rows and cache dtype (NVIDIA numbers:
+    H200 sweeps, benchmarks/NOTES_triton.md)."""
+    vendor = vendor or call.vendor
     rows = call.query_rows
     block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(rows)))
-    if call.vendor == "cpu":
+    if vendor == "cpu":
         # Interpreter: short steps, so small test shapes still cut rows into segments. Two stages as on
         # GPUs: the interpreter does not pipeline, but the fp8 paths read V differently when pipelined.
         return KernelConfig(block_h, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1, min_blocks=1)
-    if call.vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
+    if vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
         if call.is_fp8 or call.is_packed:
@@ -763,21 +780,26 @@ class TritonDecodePlan:
             )
             self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, self.call.query_rows), stream)
             return
-        self._split(
-            q,
-            qpe,
-            kv,
-            kpe,
-            scale,
-            *self._split_fixed,
-            out,
-            lse_arg,
-            self.part_out,
-            self.part_lse,
-            *self._split_ints,
-            aligned=aligned,
-        )
+        self._split(*self.split_arguments(q, qpe, kv, kpe, scale, out, lse_arg), aligned=aligned)
         self._combine(*self._combine_fixed, out, lse_arg, self.call.query_rows, aligned=aligned)
+
+    def split_arguments(
+        self,
+        q: torch.Tensor,
+        qpe: torch.Tensor,
+        kv: torch.Tensor,
+        kpe: torch.Tensor,
+        scale: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple:
+        """The split kernel's runtime arguments, in its signature's order (constexprs excluded)."""
+        return (q, qpe, kv, kpe, scale, *self._split_fixed, out, lse, self.part_out, self.part_lse, *self._split_ints)
+
+    @property
+    def split_launcher(self) -> KernelLauncher:
+        """The split kernel's launch: its grid, constexprs, warps and stages (for inspection tools)."""
+        return self._split
 
     def workspace_bytes(self) -> int:
         return self.part_out.nbytes + self.part_lse.nbytes
