@@ -129,7 +129,7 @@ def kv_loop(ttgir: str) -> str:
 
 def tensor_loads(loop: str) -> tuple[list[str], list[str]]:
     """(tiles copied to shared memory by cp.async, tensors loaded synchronously) in the loop."""
-    tile = r"tensor<(\d+(?:x\d+)+)x!tt\.ptr<(\w+)>"
+    tile = r"tensor<(\d+(?:x\d+)*)x!tt\.ptr<(\w+)>"  # 1-D loads (per-token scales) too
     copied = re.findall(r"async_copy_global_to_local .*?: " + tile, loop)
     waited = re.findall(r"= tt\.load .*?: " + tile, loop)
     return [f"{shape} {dtype}" for shape, dtype in copied], [f"{shape} {dtype}" for shape, dtype in waited]
