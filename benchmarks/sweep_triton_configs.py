@@ -1,7 +1,7 @@
 """Sweep the Triton split kernel's tile configs per cache format on the GPU (a development tool).
 
     python benchmarks/sweep_triton_configs.py [--shapes 64x4096x16,64x4096x128] [--formats bf16,fp8,...]
-        [--configs default,n32w4s3f,...] [--tree LABEL]
+        [--configs default,n32w4s3f,...] [--tree LABEL] [--page-size 64]
 
 For each shape and format it builds a plan per ``KernelConfig`` of a small grid (the library
 default first; ``--configs`` names them instead: ``n<block_n>w<warps>s<stages>``, a trailing
@@ -23,7 +23,14 @@ from tilegym.bench import fp8_dtype, measure_ceilings
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.mla_decoding import Shape, kv_bytes_per_token, traffic_bytes
 from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, TritonDecodePlan, default_config
-from tilegym.testing import make_mla_inputs, mla_decode_float64, pack_cache, relative_error
+from tilegym.testing import (
+    make_mla_inputs,
+    mla_decode_float64,
+    pack_cache,
+    page_packed_cache,
+    relative_error,
+    to_pages,
+)
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
@@ -45,20 +52,36 @@ def grid(block_h: int, fmt: str) -> list[KernelConfig]:
     return configs
 
 
-def op_tensors(shape: Shape, fmt: str, seed: int) -> tuple[dict, tuple]:
-    """The op's keyword tensors for one input set, and what float64 needs to check it."""
+def op_tensors(shape: Shape, fmt: str, seed: int, page_size: int = 0) -> tuple[dict, tuple]:
+    """The op's keyword tensors for one input set (the cache in pages of ``page_size`` tokens
+    behind a block table when > 0), and what float64 needs to check it."""
     g = torch.Generator().manual_seed(seed)
     kv_dtype = fp8_dtype(torch.device("cuda")) if fmt == "fp8" else None
-    x = make_mla_inputs(shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, device="cuda", generator=g)
-    if fmt in ("bf16", "fp8"):
-        tensors = {"q": x.q, "qpe": x.qpe, "kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}
-        return tensors, (x.q, x.qpe, x.kv, x.kpe, x.kv_scale)
-    cache = pack_cache(x, fmt)
-    return {"q": x.q, "qpe": x.qpe, **cache.op_kwargs()}, (x.q, x.qpe, cache.latent, cache.rope, None)
+    lens = [shape.seq_len] * shape.batch if page_size else None  # a paged cache needs kv_lens
+    x = make_mla_inputs(
+        shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, device="cuda", kv_lens=lens, generator=g
+    )
+    packed = pack_cache(x, fmt) if fmt not in ("bf16", "fp8") else None
+    if packed is None:
+        cache, reference = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}, (x.q, x.qpe, x.kv, x.kpe, x.kv_scale)
+    else:
+        cache, reference = packed.op_kwargs(), (x.q, x.qpe, packed.latent, packed.rope, None)
+    if page_size:
+        pages = to_pages(x, page_size, generator=g)
+        paged = (
+            page_packed_cache(packed, pages).op_kwargs() if packed is not None else {"kv": pages.kv, "kpe": pages.kpe}
+        )
+        cache = {**cache, **paged, **pages.layout_kwargs("paged")}
+    return {"q": x.q, "qpe": x.qpe, **cache}, reference
 
 
 def float64_output(q, qpe, kv, kpe, kv_scale) -> torch.Tensor:
     return mla_decode_float64(q, qpe, kv, kpe, kv_scale=kv_scale)[0]
+
+
+def output_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """Rel. L2 error of a plan's output ([B, Q, H, D], Q = 1 here) against float64's [B, H, D]."""
+    return relative_error(out.reshape(reference.shape), reference)
 
 
 def named_configs(names: str, default: KernelConfig, fmt: str) -> list[KernelConfig]:
@@ -89,8 +112,8 @@ def planned_run(plan: TritonDecodePlan, call) -> object:
     return run
 
 
-def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str) -> None:
-    sets = [op_tensors(shape, fmt, seed) for seed in range(ROTATING_SETS)]
+def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str, page_size: int = 0) -> None:
+    sets = [op_tensors(shape, fmt, seed, page_size) for seed in range(ROTATING_SETS)]
     call = validate_mla_decoding(**sets[0][0])
     default = default_config(call)
     reference = float64_output(*sets[0][1])
@@ -107,12 +130,13 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str
             calls = [planned_run(plan, validate_mla_decoding(**tensors)) for tensors, _ in sets]
             got = calls[0]().clone()
             torch.cuda.synchronize()
-            err = relative_error(got.reshape(reference.shape), reference)  # the plan's output is [B, Q, H, D]
+            err = output_error(got, reference)
             us = time_calls(calls, torch.device("cuda"), warmup=3, repeat=15, use_graph=True).median_us
             rows.append((us, config, err))
         except Exception as exc:  # noqa: BLE001 - a config that does not fit (shared memory) is skipped
             rows.append((float("inf"), config, f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"))
-    print(f"\n## {tree}: {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {default})")
+    layout = f", pages of {page_size}" if page_size else ""
+    print(f"\n## {tree}: {shape.batch}x{shape.seq_len}x{shape.heads} {fmt}{layout} (default {default})")
     print("| us | % copy BW | block_n | warps | stages | programs/SM | fp8 scores fp16 | rel. L2 vs float64 |")
     print("|---|---|---|---|---|---|---|---|")
     for us, c, err in sorted(rows, key=lambda r: r[0])[: len(rows) if names else 8]:
@@ -129,13 +153,14 @@ def main() -> None:
     parser.add_argument("--formats", default="bf16,fp8,fp8_ds_mla,mxfp4")
     parser.add_argument("--configs", default=None, help="e.g. default,fp8:n32w4s3f,n64w8s2 (the same for every shape)")
     parser.add_argument("--tree", default="this tree", help="a label for the tables")
+    parser.add_argument("--page-size", type=int, default=0, help="> 0: the cache in pages behind a block table")
     args = parser.parse_args()
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"{args.tree}: copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s", flush=True)
     for text in args.shapes.split(","):
         b, s, h = map(int, text.split("x"))
         for fmt in args.formats.split(","):
-            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps, args.configs, args.tree)
+            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps, args.configs, args.tree, args.page_size)
 
 
 if __name__ == "__main__":
