@@ -6,7 +6,8 @@ the piece meets, ``BLOCK_H`` query rows (new token x head pairs) of that batch r
 the row's KV blocks in the piece, ``BLOCK_N`` tokens per step. Every
 KV tile (latent [BLOCK_N, D] + rope [BLOCK_N, P]) is loaded once and used for all BLOCK_H
 rows, first as K (scores) then, the same registers / shared memory, as V (output): the
-cache is read once per query-row group, never once per head and never twice for V.
+cache is read from DRAM once per query-row group, never once per head. (fp8 tiles in a
+pipelined loop are loaded a second time for V, from L2; see ``_fp8_operands``.)
 Softmax runs online in float32 (base 2); 16-bit values appear only at loads, stores and
 dot operands. A segment that is a whole row writes the final output and lse; the others
 write float32 partials to their slot, which the combine kernel merges.
@@ -15,9 +16,9 @@ Cache layouts (constexpr ``LAYOUT``): dense rows, a block table, or a ragged pag
 ``PAGE_SIZE`` >= ``BLOCK_N`` reads one page id per tile, smaller pages one per token. Page
 ids are clamped to the cache and lengths to the row's pages: no read leaves the cache.
 
-fp8 caches (e4m3fn; e4m3fnuz on AMD) are loaded as fp8 (half the bytes) and widened in
-registers (exact); the per-tensor ``kv_scale`` is folded into the score scale and the
-output. Under Triton's CPU interpreter (``DOT_F32``), dot operands are widened to float32:
+fp8 caches (e4m3fn; e4m3fnuz on AMD) are loaded as fp8 (half the bytes), staged in shared
+memory and widened exactly as each dot reads them; the per-tensor ``kv_scale`` is folded
+into the score scale and the output. Under Triton's CPU interpreter (``DOT_F32``), dot operands are widened to float32:
 the interpreter computes bf16 and fp8 dots wrongly, so the kernel never asks it to.
 
 No host synchronisation, no value-dependent allocation, no atomics: graph-capturable and
@@ -207,7 +208,8 @@ def _mla_split_kernel(
     DOT_F32: tl.constexpr,
 ):
     # Memory traffic per program: its piece of the step's KV blocks, (D + P) * sizeof(kv)
-    # bytes per token read once for all BLOCK_H query rows, plus per row it meets
+    # bytes per token read from DRAM once for all BLOCK_H query rows (fp8 pipelined: the
+    # latent once more from L2, for V), plus per row it meets
     # BLOCK_H * (D + P) * 2 bytes of queries, a few schedule integers (+ one page id per tile
     # or token), and BLOCK_H * D * 4 bytes of partials + BLOCK_H * 4 of lse written (a whole
     # row: BLOCK_H * D * 2 final bytes). Whole launch with one query-row group: the cache of
@@ -437,7 +439,7 @@ def _attend_fp8_ds_mla(
     """One row segment over an ``fp8_ds_mla`` cache: (running max, sum, output [BLOCK_H, 512]).
 
     The latent is four 128-column groups, each with one float32 scale per token. Each group's fp8
-    tile is widened once, exactly, to fp16 and serves as K and as V: its score dot (the query
+    tile is widened exactly to fp16 as K and as V (``_fp8_operands``): its score dot (the query
     group scaled exactly into fp16 per row) is scaled per token on the [BLOCK_H, BLOCK_N] scores,
     and P is scaled per token before its dot with the group (``_scaled_group_update``). So no
     [BLOCK_N, 512] tile is multiplied element-wise, and no product is rounded to fewer than
