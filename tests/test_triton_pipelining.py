@@ -38,6 +38,7 @@ def inspect(fmt: str, heads: int, layout: str) -> dict:
 CASES = {
     ("bf16", 16, "dense"): ["512 bf16", "64 bf16"],
     ("bf16", 16, "paged"): ["512 bf16", "64 bf16"],
+    ("bf16", 64, "dense"): ["512 bf16", "64 bf16"],  # wgmma from here on
     ("bf16", 128, "dense"): ["512 bf16", "64 bf16"],
     ("fp8", 16, "dense"): ["512 f8E4M3FN", "64 f8E4M3FN", "512 f8E4M3FN"],  # the latent twice: K and V
 }
