@@ -53,7 +53,7 @@ TRITON_TYPES = {
 
 
 def planned_call(fmt: str, heads: int, q_len: int, layout: str, page_size: int):
-    """A validated call of this kind on small CPU tensors, and the arguments its plan passes."""
+    """A validated call of this kind on small CPU tensors (its plan fixes what the kernel is compiled for)."""
     kv_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
     x = make_mla_inputs(2, heads, 2 * page_size, q_len=q_len, kv_dtype=kv_dtype, kv_lens=[2 * page_size, 3])
     cache = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}
