@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, TritonDecodePlan, _mla_split_kernel, default_config
-from tilegym.testing import make_mla_inputs, pack_cache, page_packed_cache, to_pages
+from tilegym.testing import cache_kwargs, make_mla_inputs, pack_cache
 
 TARGET = GPUTarget("cuda", 90, 32)
 TRITON_TYPES = {
@@ -56,18 +56,8 @@ def planned_call(fmt: str, heads: int, q_len: int, layout: str, page_size: int):
     """A validated call of this kind on small CPU tensors (its plan fixes what the kernel is compiled for)."""
     kv_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
     x = make_mla_inputs(2, heads, 2 * page_size, q_len=q_len, kv_dtype=kv_dtype, kv_lens=[2 * page_size, 3])
-    cache = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}
-    packed = pack_cache(x, fmt) if fmt in ("fp8_ds_mla", "mxfp4") else None
-    if packed is not None:
-        cache = packed.op_kwargs()
-    layout_kwargs = {"kv_lens": x.kv_lens}
-    if layout != "dense":
-        pages = to_pages(x, page_size)
-        layout_kwargs = pages.layout_kwargs(layout)
-        cache = page_packed_cache(packed, pages).op_kwargs() if packed is not None else {
-            "kv": pages.kv, "kpe": pages.kpe, "kv_scale": x.kv_scale,
-        }  # fmt: skip
-    return validate_mla_decoding(x.q, x.qpe, **cache, **layout_kwargs)
+    cache, _ = cache_kwargs(x, fmt, layout, page_size)
+    return validate_mla_decoding(x.q, x.qpe, **cache)
 
 
 def config_call(fmt: str, heads: int, q_len: int, batch: int, seq_len: int):

@@ -23,14 +23,7 @@ from tilegym.bench import fp8_dtype, measure_ceilings
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.mla_decoding import Shape, kv_bytes_per_token, traffic_bytes
 from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, TritonDecodePlan, default_config
-from tilegym.testing import (
-    make_mla_inputs,
-    mla_decode_float64,
-    pack_cache,
-    page_packed_cache,
-    relative_error,
-    to_pages,
-)
+from tilegym.testing import cache_kwargs, make_mla_inputs, mla_decode_float64, relative_error
 from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
@@ -61,17 +54,10 @@ def op_tensors(shape: Shape, fmt: str, seed: int, page_size: int = 0) -> tuple[d
     x = make_mla_inputs(
         shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, device="cuda", kv_lens=lens, generator=g
     )
-    packed = pack_cache(x, fmt) if fmt not in ("bf16", "fp8") else None
-    if packed is None:
-        cache, reference = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}, (x.q, x.qpe, x.kv, x.kpe, x.kv_scale)
-    else:
-        cache, reference = packed.op_kwargs(), (x.q, x.qpe, packed.latent, packed.rope, None)
-    if page_size:
-        pages = to_pages(x, page_size, generator=g)
-        paged = (
-            page_packed_cache(packed, pages).op_kwargs() if packed is not None else {"kv": pages.kv, "kpe": pages.kpe}
-        )
-        cache = {**cache, **paged, **pages.layout_kwargs("paged")}
+    cache, packed = cache_kwargs(x, fmt, "paged" if page_size else "dense", page_size, generator=g)
+    reference = (
+        (x.q, x.qpe, x.kv, x.kpe, x.kv_scale) if packed is None else (x.q, x.qpe, packed.latent, packed.rope, None)
+    )
     return {"q": x.q, "qpe": x.qpe, **cache}, reference
 
 

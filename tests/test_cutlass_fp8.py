@@ -22,12 +22,11 @@ from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
 from tilegym.testing import (
     assert_matches_float64,
+    cache_kwargs,
     fresh_generator,
     make_mla_inputs,
     mla_decode_float64,
     pack_cache,
-    page_packed_cache,
-    to_pages,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -182,20 +181,8 @@ def test_fp8_caches_match_float64(
         batch, heads, seq_len, dtype=dtype, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda",
         generator=generator,
     )  # fmt: skip
-    if fmt == "fp8":
-        latent, rope = x.kv, x.kpe
-        cache_kwargs = {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}
-    else:
-        cache = pack_cache(x, fmt)
-        latent, rope = cache.latent, cache.rope
-        cache_kwargs = cache.op_kwargs()
-    kwargs = {"kv_lens": x.kv_lens, **cache_kwargs}
-    if layout != "dense":
-        pages = to_pages(x, page_size, generator=generator)
-        if fmt == "fp8":
-            kwargs = {**pages.layout_kwargs(layout), "kv": pages.kv, "kpe": pages.kpe, "kv_scale": x.kv_scale}
-        else:
-            kwargs = {**pages.layout_kwargs(layout), **page_packed_cache(cache, pages).op_kwargs()}
+    kwargs, cache = cache_kwargs(x, fmt, layout, page_size, generator=generator)
+    latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
     out, lse = mla_decoding_split_kv(
         x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
     )

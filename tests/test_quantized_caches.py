@@ -22,13 +22,12 @@ from tilegym.quant import pack_fp8_ds_mla, quantize_mxfp4, round_query_mxfp8
 from tilegym.testing import (
     REL_L2_TOLERANCE,
     assert_matches_float64,
+    cache_kwargs,
     fresh_generator,
     make_mla_inputs,
     mla_decode_float64,
     pack_cache,
-    page_packed_cache,
     relative_error,
-    to_pages,
 )
 
 OP = "mla_decoding_split_kv"
@@ -46,11 +45,7 @@ def check(out, lse, reference, rel_tol: float, lse_tol: float, seed: int) -> Non
 
 
 def run_and_check(backend: str, fmt: str, x, layout: str, page_size: int, causal: bool, generator, seed) -> None:
-    cache = pack_cache(x, fmt)
-    kwargs = {"kv_lens": x.kv_lens, **cache.op_kwargs()}
-    if layout != "dense":
-        pages = to_pages(x, page_size, generator=generator)
-        kwargs = {**pages.layout_kwargs(layout), **page_packed_cache(cache, pages).op_kwargs()}
+    kwargs, cache = cache_kwargs(x, fmt, layout, page_size, generator=generator)
     out, lse = mla_decoding_split_kv(x.q, x.qpe, causal=causal, return_lse=True, backend=backend, **kwargs)
     rounds_query = fmt == "mxfp4" and backend == "triton"
     tight = REL_L2_TOLERANCE[torch.bfloat16]

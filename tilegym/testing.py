@@ -271,6 +271,28 @@ def page_packed_cache(cache: PackedCache, paged: PagedInputs) -> PackedCache:
     )
 
 
+def cache_kwargs(
+    x: MLAInputs,
+    kv_cache_format: str | None = None,
+    layout: str = "dense",
+    page_size: int = 64,
+    generator: torch.Generator | None = None,
+) -> tuple[dict[str, object], PackedCache | None]:
+    """The op's cache and layout keyword arguments for ``x``'s cache, and the packed cache or None.
+
+    ``kv_cache_format`` "fp8_ds_mla" or "mxfp4" packs the cache (``pack_cache``; its dequantised
+    values are what the oracle reads); anything else passes ``x``'s own kv, kpe and kv_scale.
+    ``layout`` "paged" or "ragged" scatters it into pages of ``page_size`` tokens (``to_pages``).
+    """
+    packed = pack_cache(x, kv_cache_format) if kv_cache_format in ("fp8_ds_mla", "mxfp4") else None
+    cache = packed.op_kwargs() if packed is not None else {"kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}
+    if layout == "dense":
+        return {**cache, "kv_lens": x.kv_lens}, packed
+    pages = to_pages(x, page_size, generator=generator)
+    paged = page_packed_cache(packed, pages).op_kwargs() if packed is not None else {"kv": pages.kv, "kpe": pages.kpe}
+    return {**cache, **paged, **pages.layout_kwargs(layout)}, packed
+
+
 def cdiv_tensor(t: torch.Tensor, d: int) -> torch.Tensor:
     """Ceiling division of a non-negative integer tensor."""
     return torch.div(t + (d - 1), d, rounding_mode="floor")
