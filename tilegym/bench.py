@@ -54,11 +54,9 @@ from tilegym.ops.mla_decoding import (
 from tilegym.testing import (
     REL_L2_TOLERANCE,
     MLAInputs,
+    cache_kwargs,
     make_mla_inputs,
-    pack_cache,
-    page_packed_cache,
     relative_error,
-    to_pages,
 )
 from tilegym.timing import time_calls
 from tilegym.utils import DTYPE_SHORT_NAMES, FP8_DTYPES, cdiv
@@ -254,18 +252,12 @@ def _one_set(
     x = make_mla_inputs(
         *args, dtype=cfg.dtype, kv_dtype=kv_dtype, device=cfg.device, kv_lens=lengths, q_len=shape.q_len
     )
-    cache = pack_cache(x, cfg.kv_cache_format) if packed else None
+    generator = torch.Generator().manual_seed(index_seed)
+    kwargs, cache = cache_kwargs(x, cfg.kv_cache_format, cfg.layout, cfg.page_size, generator=generator)
     oracle = MLAInputs(x.q, x.qpe, torch.cat((cache.latent, cache.rope), -1), x.kv_lens) if packed else x
-    index = {"kv_lens": x.kv_lens} if x.kv_lens is not None else {}
-    if cfg.layout == "dense":
-        if packed:
-            return oracle, StepInputs(x.q, x.qpe, cache.kv, cache.kpe, cache.kv_scale), index
-        return oracle, StepInputs(x.q, x.qpe, x.kv, x.kpe, x.kv_scale), index
-    pages = to_pages(x, cfg.page_size, generator=torch.Generator().manual_seed(index_seed))
-    if packed:
-        paged = page_packed_cache(cache, pages)
-        return oracle, StepInputs(x.q, x.qpe, paged.kv, paged.kpe, paged.kv_scale), pages.layout_kwargs(cfg.layout)
-    return oracle, StepInputs(x.q, x.qpe, pages.kv, pages.kpe, x.kv_scale), pages.layout_kwargs(cfg.layout)
+    step = StepInputs(x.q, x.qpe, kwargs.pop("kv"), kwargs.pop("kpe"), kwargs.pop("kv_scale"))
+    kwargs.pop("kv_cache_format", None)  # make_shape_data adds it to the index arguments
+    return oracle, step, {k: v for k, v in kwargs.items() if v is not None}
 
 
 def make_shape_data(shape: Shape, cfg: BenchConfig) -> ShapeData:
