@@ -52,6 +52,16 @@ KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain 
 CONFIG_NAME = re.compile(r"n(\d+)w(\d+)s(\d+)(f?)")
 
 
+def stride_multiple(strides: tuple[int, ...], limit: int = 16) -> int:
+    """The largest power of two up to ``limit`` that divides every stride (in elements): lets the
+    kernel prove the 16-byte alignment ``cp.async`` needs where Triton's own specialisation (on
+    divisibility by 16) cannot, e.g. fp8_ds_mla's rope, 328 bf16 elements per token."""
+    multiple = limit
+    while multiple > 1 and any(s % multiple for s in strides):
+        multiple //= 2
+    return multiple
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes and launch parameters of the split kernel.
@@ -202,6 +212,7 @@ def _mla_split_kernel(
     CAUSAL: tl.constexpr,
     IS_FP8: tl.constexpr,
     KV_FORMAT: tl.constexpr,
+    KPE_STRIDE_MULTIPLE: tl.constexpr,
     FP8_V_FP16: tl.constexpr,
     FP8_FP16_SCORES: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -214,6 +225,11 @@ def _mla_split_kernel(
     # or token), and BLOCK_H * D * 4 bytes of partials + BLOCK_H * 4 of lse written (a whole
     # row: BLOCK_H * D * 2 final bytes). Whole launch with one query-row group: the cache of
     # the tokens present, once.
+    if KPE_STRIDE_MULTIPLE > 1:
+        # Exact (the host checked the multiple), and Triton's alignment analysis sees the product: with
+        # 16-byte rows proven it stages the rope by cp.async (fp8_ds_mla's 328-element stride hides it).
+        stride_kpe_0 = stride_kpe_0 // KPE_STRIDE_MULTIPLE * KPE_STRIDE_MULTIPLE
+        stride_kpe_1 = stride_kpe_1 // KPE_STRIDE_MULTIPLE * KPE_STRIDE_MULTIPLE
     piece = tl.program_id(0)
     pid_h = tl.program_id(1)
     per = tl.load(per_ptr)
@@ -704,6 +720,7 @@ class TritonDecodePlan:
                 "CAUSAL": call.causal and call.q_len > 1,
                 "IS_FP8": call.is_fp8,
                 "KV_FORMAT": KV_FORMAT_CODES.get(call.kv_format, 0),
+                "KPE_STRIDE_MULTIPLE": stride_multiple(call.kpe.stride()[:2]),
                 "FP8_V_FP16": config.fp8_v_fp16,
                 "FP8_FP16_SCORES": config.fp8_fp16_scores,
                 "WRITE_LSE": call.return_lse,
