@@ -114,7 +114,8 @@ def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConf
         if call.is_fp8 or call.is_packed:
             # Tiles are widened in shared memory too: 64-token steps fit with one stage only (two need
             # 244 KB of the 227 KB). Measured at 64 x 4096 x 128 (sweep of round 2, NOTES_triton.md):
-            # fp8 413 us vs 535 with 32-token steps, fp8_ds_mla 683 vs 829, mxfp4 988 vs 1655.
+            # fp8 413 us vs 535 with 32-token steps, fp8_ds_mla 683 vs 829, mxfp4 988 vs 1655. Session
+            # 13: fp8 418.9 us vs 499.5 (n32 w8 s3) and 565.5 (n32 w8 s2), whose loads are pipelined.
             return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1)
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
     if block_h == 32:
@@ -123,7 +124,7 @@ def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConf
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_fp16_scores=True)
     if call.kv_format == MXFP4:  # 64 x 4096 x 16: 322 us vs 377 with 32-token steps and 4 warps
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=3)
-    if call.is_packed:  # fp8_ds_mla, 64 x 4096 x 16: 216.0 us (session 12; n64 w8 s2: 215.0, not checked on GPU)
+    if call.is_packed:  # fp8_ds_mla, 64 x 4096 x 16: 152.0 us; n16 w4 s4 183.9, n64 w8 s2 197.0 (session 13)
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3)
     if call.batch * call.length_hint <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2, min_blocks=1)
