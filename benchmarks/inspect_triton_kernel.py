@@ -36,7 +36,13 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from tilegym.ops.contract import validate_mla_decoding
-from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig, TritonDecodePlan, _mla_split_kernel, default_config
+from tilegym.ops.triton.mla_decoding_split_kv import (
+    KernelConfig,
+    TritonDecodePlan,
+    _mla_split_kernel,
+    default_config,
+    fp8_pairs_mode,
+)
 from tilegym.testing import cache_kwargs, make_mla_inputs, pack_cache
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -81,7 +87,11 @@ def signature(plan: TritonDecodePlan, call) -> tuple[dict, dict, dict]:
     lse = torch.empty(1, dtype=torch.float32)
     scale = call.kv_scale if call.kv_scale is not None else lse
     args = plan.split_arguments(call.q, call.qpe, call.kv, call.kpe, scale, call.out, lse)
-    constexprs = {**launcher.constexprs, "DOT_F32": False}  # as on a GPU, never the interpreter's float32 dots
+    constexprs = {  # as on an NVIDIA GPU: never the interpreter's float32 dots or its portable fp8 widening
+        **launcher.constexprs,
+        "DOT_F32": False,
+        "FP8_PAIRS": fp8_pairs_mode(call, plan.config, call.kv.data_ptr(), vendor="nvidia"),
+    }
     runtime = [n for n in _mla_split_kernel.arg_names if n not in constexprs]
     sig, attrs = {n: "constexpr" for n in constexprs}, {}
     for name, value in zip(runtime, args, strict=True):

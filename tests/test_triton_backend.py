@@ -134,12 +134,11 @@ def test_fp8_cache(q_dtype):
     assert_matches_oracle(inputs, out, lse, dtype=q_dtype)
 
 
-@pytest.mark.parametrize("stages", [1, 2], ids=["one-load", "v-loaded-again"])
+@pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("q_gain", [1e5, 1e-6], ids=["q-beyond-fp16-range", "tiny-q"])
 def test_fp8_fp16_scores_rescale_queries_into_fp16(q_gain, stages):
     """fp8_fp16_scores casts bf16 queries to fp16: a per-head power-of-two scale keeps
-    queries far outside the fp16 range exact (unscaled, 1e5 would overflow to inf). With
-    pipeline stages the kernel reads each fp8 tile a second time for V."""
+    queries far outside the fp16 range exact (unscaled, 1e5 would overflow to inf)."""
     from tilegym.ops.triton.mla_decoding_split_kv import KernelConfig
 
     inputs = make_mla_inputs(
@@ -154,6 +153,49 @@ def test_fp8_fp16_scores_rescale_queries_into_fp16(q_gain, stages):
         inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens, kv_scale=inputs.kv_scale
     )
     assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-6, atol=LSE_ATOL)  # lse ~ 3e5 at q_gain 1e5
+
+
+def _shifted_by_one_byte(kv: torch.Tensor, kpe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the column views kv, kpe of one [B, S, D + P] buffer, with the same strides, in a
+    buffer that starts one byte past an allocation: the rows sit on odd addresses."""
+    whole = torch.cat([kv, kpe], dim=-1)
+    shifted = torch.empty(whole.numel() + 1, dtype=whole.dtype, device=whole.device)[1:].view(whole.shape)
+    shifted.copy_(whole)
+    d = kv.shape[-1]
+    return shifted[..., :d], shifted[..., d:]
+
+
+@pytest.mark.parametrize("stages", [1, 2], ids=["one-load", "v-loaded-again"])
+def test_fp8_tiles_read_as_byte_pairs_or_bytes(stages):
+    """With fp16 operands the kernel reads an fp8 cache as int16 byte pairs (even and odd columns);
+    a cache on an odd address is read byte-wise (with pipeline stages, V a second time), also when it
+    reaches a plan made for an aligned one. All three match float64."""
+    from tilegym.ops.contract import validate_mla_decoding
+    from tilegym.ops.triton.mla_decoding_split_kv import FP8_PAIRS_OFF, KernelConfig, TritonDecodePlan
+
+    inputs = make_mla_inputs(
+        2, 16, 200, 64, 16, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, kv_lens=[200, 45], device=DEVICE
+    )
+    config = KernelConfig(16, 32, num_warps=4, num_stages=stages, fp8_fp16_scores=True)
+    shifted_kv, shifted_kpe = _shifted_by_one_byte(inputs.kv, inputs.kpe)
+    assert shifted_kv.stride() == inputs.kv.stride() and shifted_kv.data_ptr() % 2 == 1
+
+    def planned(kv, kpe):
+        call = validate_mla_decoding(
+            inputs.q, inputs.qpe, kv, kpe, None, 64, kv_lens=inputs.kv_lens, kv_scale=inputs.kv_scale
+        )
+        return call, TritonDecodePlan(call, config)
+
+    aligned_call, pairs_plan = planned(inputs.kv, inputs.kpe)
+    assert pairs_plan._pairs != FP8_PAIRS_OFF
+    _, bytes_plan = planned(shifted_kv, shifted_kpe)
+    assert bytes_plan._pairs == FP8_PAIRS_OFF
+    runs = [(pairs_plan, inputs.kv, inputs.kpe), (bytes_plan, shifted_kv, shifted_kpe)]
+    runs.append((pairs_plan, shifted_kv, shifted_kpe))  # the aligned plan falls back to byte reads
+    for plan, kv, kpe in runs:
+        out = torch.empty_like(aligned_call.out)
+        plan.run(inputs.q, inputs.qpe, kv, kpe, inputs.kv_scale, out, None)
+        assert_matches_oracle(inputs, out[:, 0], dtype=torch.bfloat16)
 
 
 def test_out_is_written_in_place_and_empty_rows_are_zero():

@@ -40,9 +40,9 @@ CASES = {
     ("bf16", 16, "paged"): ["512 bf16", "64 bf16"],
     ("bf16", 64, "dense"): ["512 bf16", "64 bf16"],  # wgmma from here on
     ("bf16", 128, "dense"): ["512 bf16", "64 bf16"],
-    ("fp8", 16, "dense"): ["512 f8E4M3FN", "64 f8E4M3FN", "512 f8E4M3FN"],  # the latent twice: K and V
-    # four 128-column groups twice (K and V), the float32 scales (Triton stages each of the four twice), the rope
-    ("fp8_ds_mla", 16, "dense"): ["128 f8E4M3FN"] * 8 + ["32 f32"] * 8 + ["64 bf16"],
+    ("fp8", 16, "dense"): ["256 i16", "64 f8E4M3FN"],  # the latent as byte pairs, once for K and V
+    # four 128-column groups as byte pairs, the float32 scales (Triton stages each of the four twice), the rope
+    ("fp8_ds_mla", 16, "dense"): ["64 i16"] * 4 + ["32 f32"] * 8 + ["64 bf16"],
 }
 
 

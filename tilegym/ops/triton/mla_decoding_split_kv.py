@@ -7,7 +7,8 @@ the row's KV blocks in the piece, ``BLOCK_N`` tokens per step. Every
 KV tile (latent [BLOCK_N, D] + rope [BLOCK_N, P]) is loaded once and used for all BLOCK_H
 rows, first as K (scores) then, the same registers / shared memory, as V (output): the
 cache is read from DRAM once per query-row group, never once per head. (fp8 tiles in a
-pipelined loop are loaded a second time for V, from L2; see ``_fp8_operands``.)
+pipelined loop are read as int16 byte pairs on NVIDIA GPUs, see ``_attend_fp8_pairs``; else
+a second time for V, from L2, see ``_fp8_operands``.)
 Softmax runs online in float32 (base 2); 16-bit values appear only at loads, stores and
 dot operands. A segment that is a whole row writes the final output and lse; the others
 write float32 partials to their slot, which the combine kernel merges.
@@ -18,7 +19,10 @@ ids are clamped to the cache and lengths to the row's pages: no read leaves the 
 
 fp8 caches (e4m3fn; e4m3fnuz on AMD) are loaded as fp8 (half the bytes), staged in shared
 memory and widened exactly as each dot reads them; the per-tensor ``kv_scale`` is folded
-into the score scale and the output. Under Triton's CPU interpreter (``DOT_F32``), dot operands are widened to float32:
+into the score scale and the output. Up to 32 query rows on NVIDIA GPUs (fp16 dot operands) the
+fp8 tile is read as int16 pairs of bytes: 16-bit operand loads (``ldmatrix``, transposing for V)
+instead of byte gathers, each pair widened to fp16 by one ``cvt``, each dot split into the even and
+odd columns (``_attend_fp8_pairs``). Under Triton's CPU interpreter (``DOT_F32``), dot operands are widened to float32:
 the interpreter computes bf16 and fp8 dots wrongly, so the kernel never asks it to.
 
 No host synchronisation, no value-dependent allocation, no atomics: graph-capturable and
@@ -50,6 +54,33 @@ FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps mea
 COMBINE_BLOCK_SPLITS = 16
 KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain values (fp8 per tensor too)
 CONFIG_NAME = re.compile(r"n(\d+)w(\d+)s(\d+)(f?)")
+
+
+FP8_PAIRS_OFF, FP8_PAIRS_PORTABLE, FP8_PAIRS_PTX = 0, 1, 2  # the kernel's FP8_PAIRS (see _e4m3_pairs_to_f16)
+
+
+def fp8_pairs_mode(call: MLADecodeCall, config: KernelConfig, kv_address: int, vendor: str | None = None) -> int:
+    """How the split kernel reads an fp8 latent: as int16 pairs of bytes, widened to fp16 in registers
+    after 16-bit shared-memory reads (PTX conversion on NVIDIA GPUs, integer ops under the
+    interpreter), when both dots take fp16 operands at fewer than 64 query rows and the cache allows
+    2-byte reads; else FP8_PAIRS_OFF (fp8 dot operands gathered byte by byte). With 64 rows (wgmma)
+    the pairs were slower (fp8_ds_mla 64 x 4096 x 128: 1024.6 us against 717.4), and AMD keeps the
+    byte path (unmeasured there). ``vendor`` (default: the call's, or the interpreter) lets tools
+    compile for a GPU elsewhere."""
+    fp16_operands = call.kv_format == FP8_DS_MLA or (call.is_fp8 and config.fp8_v_fp16 and config.fp8_fp16_scores)
+    if config.block_h >= 64:
+        return FP8_PAIRS_OFF
+    pairs_fit = (
+        call.kv.element_size() == 1
+        and call.head_dim % 2 == 0
+        and stride_multiple(call.kv.stride()[:2], 2) == 2
+        and kv_address % 2 == 0
+    )
+    if not (fp16_operands and pairs_fit):
+        return FP8_PAIRS_OFF
+    if vendor is None and interpreting(call.device):
+        return FP8_PAIRS_PORTABLE
+    return FP8_PAIRS_PTX if (vendor or call.vendor) == "nvidia" else FP8_PAIRS_OFF
 
 
 def stride_multiple(strides: tuple[int, ...], limit: int = 16) -> int:
@@ -107,7 +138,11 @@ def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConf
     if vendor == "cpu":
         # Interpreter: short steps, so small test shapes still cut rows into segments. Two stages as on
         # GPUs: the interpreter does not pipeline, but the fp8 paths read V differently when pipelined.
-        return KernelConfig(block_h, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1, min_blocks=1)
+        # fp8 per tensor with fp16 scores as on NVIDIA GPUs, so CI runs the byte-pair reads (portably).
+        return KernelConfig(
+            block_h, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1, min_blocks=1,
+            fp8_fp16_scores=call.is_fp8,
+        )  # fmt: skip
     if vendor == "amd":  # untested guess: 64-lane wavefronts, 64 KB LDS
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=1)
     if block_h >= 64:  # compute-bound: 8 warps keep the [64, D] accumulator in registers
@@ -120,11 +155,13 @@ def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConf
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
-    if call.is_fp8:  # 64 x 4096 x 16: 98.4 us, scores in bf16 107.4, 64-token steps 139.7 (session 12)
+    if call.is_fp8:
+        # Byte pairs, 64 x 4096 x 16 / 128 x 8192 x 16: 76.2 / 262.6 us (session 13). n64 w4 s2 f measured
+        # 75.7 / 249.1 in the same call, but only this config's GPU tests ran with the pairs.
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_fp16_scores=True)
     if call.kv_format == MXFP4:  # 64 x 4096 x 16: 322 us vs 377 with 32-token steps and 4 warps
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=3)
-    if call.is_packed:  # fp8_ds_mla, 64 x 4096 x 16: 152.0 us; n16 w4 s4 183.9, n64 w8 s2 197.0 (session 13)
+    if call.is_packed:  # fp8_ds_mla as byte pairs, 64 x 4096 x 16: 106.5 us; n32 w4 s2 127.4 (session 13)
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3)
     if call.batch * call.length_hint <= SMALL_PROBLEM_TOKENS:  # latency-bound: shorter steps
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2, min_blocks=1)
@@ -214,6 +251,7 @@ def _mla_split_kernel(
     IS_FP8: tl.constexpr,
     KV_FORMAT: tl.constexpr,
     KPE_STRIDE_MULTIPLE: tl.constexpr,
+    FP8_PAIRS: tl.constexpr,
     FP8_V_FP16: tl.constexpr,
     FP8_FP16_SCORES: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -294,13 +332,19 @@ def _mla_split_kernel(
             m_i, l_i, acc = _attend_fp8_ds_mla(
                 q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
                 row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_scale_0,
-                stride_scale_1, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, DOT_F32,
+                stride_scale_1, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, FP8_PAIRS, DOT_F32,
             )  # fmt: skip
         elif KV_FORMAT == 2:
             m_i, l_i, acc = _attend_mxfp4(
                 q, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
                 stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_scale_0, stride_scale_1, HEAD_DIM,
                 ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, DOT_F32,
+            )  # fmt: skip
+        elif FP8_PAIRS > 0:
+            m_i, l_i, acc = _attend_fp8_pairs(
+                q, qpe, kv_row, kpe_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
+                stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, HEAD_DIM, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT,
+                PAGE_SIZE, NUM_STAGES, FP8_PAIRS, DOT_F32,
             )  # fmt: skip
         else:
             m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -432,6 +476,106 @@ def _scaled_group_update(acc, alpha, p, scale, values, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_pairs_to_f16(pairs, FP8_PAIRS: tl.constexpr):
+    """int16 elements holding two e4m3 bytes each -> (low bytes, high bytes) as fp16, exactly: by one
+    ``cvt.rn.f16x2.e4m3x2`` each (``FP8_PAIRS`` 2, NVIDIA), or by integer ops (1, the interpreter)."""
+    if FP8_PAIRS == 2:
+        low, high = tl.inline_asm_elementwise(
+            asm="{ .reg .b32 x; cvt.rn.f16x2.e4m3x2 x, $2; mov.b32 {$0, $1}, x; }",
+            constraints="=h,=h,h",
+            args=[pairs],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        low = (pairs & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        high = ((pairs >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return low, high
+
+
+@triton.jit
+def _deinterleave(x, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """(even columns, odd columns) of ``x`` [ROWS, 2 * HALF]."""
+    return tl.split(tl.reshape(x, [ROWS, HALF, 2]))
+
+
+@triton.jit
+def _interleave(even, odd, ROWS: tl.constexpr, C: tl.constexpr):
+    """[ROWS, C] whose even columns are ``even`` and odd columns ``odd`` (the inverse of ``_deinterleave``)."""
+    return tl.reshape(tl.join(even, odd), [ROWS, C])
+
+
+@triton.jit
+def _pair_scores(q_even, q_odd, pairs, acc, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr):
+    """``acc + q @ K^T`` for the fp8 tile K [BLOCK_N, 2 * C] given as byte pairs [BLOCK_N, C] and the
+    query's even and odd columns [BLOCK_H, C] (fp16)."""
+    k_even, k_odd = _e4m3_pairs_to_f16(tl.trans(pairs), FP8_PAIRS)
+    return _dot(q_odd, k_odd, _dot(q_even, k_even, acc, DOT_F32), DOT_F32)
+
+
+@triton.jit
+def _scaled_pair_update(acc_even, acc_odd, alpha, p, scale, pairs, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr):
+    """``_scaled_group_update`` for a group given as byte pairs: the even and odd output columns."""
+    top = tl.max(scale, axis=0)
+    top = tl.where(top > 0, top, 1.0)
+    scaled_p = (p * (scale / top)[None, :]).to(tl.float16)
+    v_even, v_odd = _e4m3_pairs_to_f16(pairs, FP8_PAIRS)
+    zero = tl.zeros(acc_even.shape, tl.float32)
+    acc_even = acc_even * alpha[:, None] + top * _dot(scaled_p, v_even, zero, DOT_F32)
+    acc_odd = acc_odd * alpha[:, None] + top * _dot(scaled_p, v_odd, zero, DOT_F32)
+    return acc_even, acc_odd
+
+
+@triton.jit
+def _attend_fp8_pairs(
+    q, qpe, kv_row, kpe_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
+    stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """One row segment over a per-tensor fp8 cache read as int16 pairs of bytes: (running max, sum,
+    output [BLOCK_H, HEAD_DIM]); ``q`` and ``qpe`` are the fp16 queries of ``_queries_to_fp16``.
+
+    Why pairs: V [BLOCK_N, D] is the B operand of P V with the tokens as its reduction dimension, which
+    is not the contiguous one. As fp8, Triton gathers it from shared memory byte by byte (sm_90 has no
+    transposing ``ldmatrix`` for 8-bit data). As int16 [BLOCK_N, D / 2] it is an ordinary 16-bit
+    operand (``ldmatrix.trans``; K^T plain ``ldmatrix``), and each element widens to the fp16 values
+    of columns 2 j and 2 j + 1 (``_e4m3_pairs_to_f16``). So the scores are q_even K_even^T + q_odd
+    K_odd^T and the output is kept as its even and odd columns, interleaved once at the end. One
+    load per step serves K and V: BLOCK_N x (D + P) bytes read, the tile once, exactly as fp8."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    q_even, q_odd = _deinterleave(q, BLOCK_H, HALF)
+    offs_j = tl.arange(0, HALF)
+    offs_p = tl.arange(0, ROPE_DIM)
+    pairs_row = kv_row.to(tl.pointer_type(tl.int16))
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc_even = tl.zeros([BLOCK_H, HALF], tl.float32)
+    acc_odd = tl.zeros([BLOCK_H, HALF], tl.float32)
+    for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
+        n0 = blk * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < length
+        kv_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kv_0, stride_kv_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        kpe_offs = _token_offsets(
+            table_row, offs_n, n0, n_mask, num_pages, stride_kpe_0, stride_kpe_1, LAYOUT, PAGE_SIZE, BLOCK_N
+        )
+        pairs = tl.load(pairs_row + (kv_offs // 2)[:, None] + offs_j[None, :], mask=n_mask[:, None], other=0)
+        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        scores = _dot(qpe, tl.trans(kpe).to(tl.float16), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+        scores = _pair_scores(q_even, q_odd, pairs, scores, FP8_PAIRS, DOT_F32)
+        p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
+        v_even, v_odd = _e4m3_pairs_to_f16(pairs, FP8_PAIRS)
+        p16 = p.to(tl.float16)
+        acc_even = _dot(p16, v_even, acc_even * alpha[:, None], DOT_F32)
+        acc_odd = _dot(p16, v_odd, acc_odd * alpha[:, None], DOT_F32)
+    return m_i, l_i, _interleave(acc_even, acc_odd, BLOCK_H, HEAD_DIM)
+
+
+@triton.jit
 def _fp8_operands(ptrs, n_mask, K_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, tile=None):
     """An fp8 tile [BLOCK_N, C] at ``ptrs`` as both dot operands, each widened exactly from shared
     memory: K^T [C, BLOCK_N] in ``K_DTYPE`` and V [BLOCK_N, C] in ``V_DTYPE`` (``tile``: the tile if
@@ -451,7 +595,7 @@ def _attend_fp8_ds_mla(
     q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale,
     num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
     ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """One row segment over an ``fp8_ds_mla`` cache: (running max, sum, output [BLOCK_H, 512]).
 
@@ -472,6 +616,12 @@ def _attend_fp8_ds_mla(
         tl.load(q_tile + 2 * GROUP, mask=r_mask[:, None], other=0.0),
         tl.load(q_tile + 3 * GROUP, mask=r_mask[:, None], other=0.0),
     )
+    if FP8_PAIRS > 0:
+        return _attend_fp8_ds_mla_pairs(
+            q0, q1, q2, q3, head_scale, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
+            row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
+            ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, FP8_PAIRS, DOT_F32,
+        )  # fmt: skip
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
@@ -505,6 +655,71 @@ def _attend_fp8_ds_mla(
         acc2 = _scaled_group_update(acc2, alpha, p, s2, v2, DOT_F32)
         acc3 = _scaled_group_update(acc3, alpha, p, s3, v3, DOT_F32)
     return m_i, l_i, _concat_groups(acc0, acc1, acc2, acc3, BLOCK_H, GROUP)
+
+
+@triton.jit
+def _attend_fp8_ds_mla_pairs(
+    q0, q1, q2, q3, head_scale, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
+    row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
+    ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """``_attend_fp8_ds_mla`` with each 128-column group read as [BLOCK_N, 64] byte pairs
+    (``_e4m3_pairs_to_f16``): every group's dots split into its even and odd columns."""
+    HALF: tl.constexpr = 64
+    offs_j = tl.arange(0, HALF)
+    offs_p = tl.arange(0, ROPE_DIM)
+    q0e, q0o = _deinterleave(q0, BLOCK_H, HALF)
+    q1e, q1o = _deinterleave(q1, BLOCK_H, HALF)
+    q2e, q2o = _deinterleave(q2, BLOCK_H, HALF)
+    q3e, q3o = _deinterleave(q3, BLOCK_H, HALF)
+    pairs_row = kv_row.to(tl.pointer_type(tl.int16))
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    a0e = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a0o = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a1e = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a1o = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a2e = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a2o = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a3e = tl.zeros([BLOCK_H, HALF], tl.float32)
+    a3o = tl.zeros([BLOCK_H, HALF], tl.float32)
+    for blk in tl.range(blk_lo, blk_hi, num_stages=NUM_STAGES):
+        offs_n, n_mask, kv_offs, kpe_offs, s_offs = _packed_step_offsets(
+            table_row, blk, length, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0,
+            stride_s_1, LAYOUT, PAGE_SIZE, BLOCK_N,
+        )  # fmt: skip
+        pair_tile = pairs_row + (kv_offs // 2)[:, None] + offs_j[None, :]
+        g0 = tl.load(pair_tile, mask=n_mask[:, None], other=0)
+        g1 = tl.load(pair_tile + HALF, mask=n_mask[:, None], other=0)
+        g2 = tl.load(pair_tile + 2 * HALF, mask=n_mask[:, None], other=0)
+        g3 = tl.load(pair_tile + 3 * HALF, mask=n_mask[:, None], other=0)
+        s0 = tl.load(scale_row + s_offs, mask=n_mask, other=0.0)
+        s1 = tl.load(scale_row + s_offs + 1, mask=n_mask, other=0.0)
+        s2 = tl.load(scale_row + s_offs + 2, mask=n_mask, other=0.0)
+        s3 = tl.load(scale_row + s_offs + 3, mask=n_mask, other=0.0)
+        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
+        latent = _pair_scores(q0e, q0o, g0, zero, FP8_PAIRS, DOT_F32) * s0[None, :]
+        latent += _pair_scores(q1e, q1o, g1, zero, FP8_PAIRS, DOT_F32) * s1[None, :]
+        latent += _pair_scores(q2e, q2o, g2, zero, FP8_PAIRS, DOT_F32) * s2[None, :]
+        latent += _pair_scores(q3e, q3o, g3, zero, FP8_PAIRS, DOT_F32) * s3[None, :]
+        scores = _dot(qpe, tl.trans(kpe), zero, DOT_F32) + latent * head_scale[:, None]
+        p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
+        a0e, a0o = _scaled_pair_update(a0e, a0o, alpha, p, s0, g0, FP8_PAIRS, DOT_F32)
+        a1e, a1o = _scaled_pair_update(a1e, a1o, alpha, p, s1, g1, FP8_PAIRS, DOT_F32)
+        a2e, a2o = _scaled_pair_update(a2e, a2o, alpha, p, s2, g2, FP8_PAIRS, DOT_F32)
+        a3e, a3o = _scaled_pair_update(a3e, a3o, alpha, p, s3, g3, FP8_PAIRS, DOT_F32)
+    GROUP: tl.constexpr = 2 * HALF
+    acc = _concat_groups(
+        _interleave(a0e, a0o, BLOCK_H, GROUP),
+        _interleave(a1e, a1o, BLOCK_H, GROUP),
+        _interleave(a2e, a2o, BLOCK_H, GROUP),
+        _interleave(a3e, a3o, BLOCK_H, GROUP),
+        BLOCK_H,
+        GROUP,
+    )
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -706,30 +921,9 @@ class TritonDecodePlan:
         )
         index_table = self._index[0] if self._index[0] is not None else placeholder
         indptr = self._index[1] if self._index[1] is not None else placeholder
-        dot_f32 = interpreting(device)
-        self._split = KernelLauncher(
-            _mla_split_kernel,
-            grid=(self.shape.programs, head_groups, 1),
-            constexprs={
-                "HEAD_DIM": call.head_dim,
-                "ROPE_DIM": call.rope_dim,
-                "BLOCK_H": config.block_h,
-                "BLOCK_N": config.block_n,
-                "LAYOUT": layout_code(call.layout),
-                "PAGE_SIZE": call.page_size if call.is_paged else 0,
-                "NUM_STAGES": config.num_stages,
-                "CAUSAL": call.causal and call.q_len > 1,
-                "IS_FP8": call.is_fp8,
-                "KV_FORMAT": KV_FORMAT_CODES.get(call.kv_format, 0),
-                "KPE_STRIDE_MULTIPLE": stride_multiple(call.kpe.stride()[:2]),
-                "FP8_V_FP16": config.fp8_v_fp16,
-                "FP8_FP16_SCORES": config.fp8_fp16_scores,
-                "WRITE_LSE": call.return_lse,
-                "DOT_F32": dot_f32,
-            },
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-        )
+        self._pairs = fp8_pairs_mode(call, config, call.kv.data_ptr())
+        self._split = self._split_kernel(self._pairs)
+        self._split_byte_reads: KernelLauncher | None = None  # for a later cache on an odd address
         self._split_fixed = (
             index_table,
             indptr,
@@ -771,6 +965,43 @@ class TritonDecodePlan:
         self._combine_fixed_ptrs = tuple(t.data_ptr() for t in self._combine_fixed)
         self._device_index = device.index if device.index is not None else 0
 
+    def _split_kernel(self, pairs: int) -> KernelLauncher:
+        """The split kernel's launch with this plan's constexprs and fp8 pair mode ``pairs``."""
+        call, config = self.call, self.config
+        return KernelLauncher(
+            _mla_split_kernel,
+            grid=(self.shape.programs, cdiv(call.query_rows, config.block_h), 1),
+            constexprs={
+                "HEAD_DIM": call.head_dim,
+                "ROPE_DIM": call.rope_dim,
+                "BLOCK_H": config.block_h,
+                "BLOCK_N": config.block_n,
+                "LAYOUT": layout_code(call.layout),
+                "PAGE_SIZE": call.page_size if call.is_paged else 0,
+                "NUM_STAGES": config.num_stages,
+                "CAUSAL": call.causal and call.q_len > 1,
+                "IS_FP8": call.is_fp8,
+                "KV_FORMAT": KV_FORMAT_CODES.get(call.kv_format, 0),
+                "KPE_STRIDE_MULTIPLE": stride_multiple(call.kpe.stride()[:2]),
+                "FP8_PAIRS": pairs,
+                "FP8_V_FP16": config.fp8_v_fp16,
+                "FP8_FP16_SCORES": config.fp8_fp16_scores,
+                "WRITE_LSE": call.return_lse,
+                "DOT_F32": interpreting(call.device),
+            },
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+
+    def _split_for(self, kv_address: int) -> KernelLauncher:
+        """The split launch for a cache at ``kv_address``: the planned one, or (built once) its
+        byte-reading twin when the plan reads fp8 byte pairs and this cache is on an odd address."""
+        if self._pairs == FP8_PAIRS_OFF or kv_address % 2 == 0:
+            return self._split
+        if self._split_byte_reads is None:
+            self._split_byte_reads = self._split_kernel(FP8_PAIRS_OFF)
+        return self._split_byte_reads
+
     def refresh(self) -> None:
         self.schedule.refresh()
 
@@ -793,14 +1024,15 @@ class TritonDecodePlan:
         pointers = (q.data_ptr(), qpe.data_ptr(), kv.data_ptr(), kpe.data_ptr(), scale.data_ptr())
         out_ptrs = (out.data_ptr(), lse_arg.data_ptr())
         aligned = all_aligned(pointers + out_ptrs)
-        if self._split.ready(aligned) and self._combine.ready(aligned):
+        split = self._split_for(pointers[2])
+        if split.ready(aligned) and self._combine.ready(aligned):
             stream = torch._C._cuda_getCurrentRawStream(self._device_index)
-            self._split.direct(
+            split.direct(
                 (*pointers, *self._split_fixed_ptrs, *out_ptrs, *self._workspace_ptrs, *self._split_ints), stream
             )
             self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, self.call.query_rows), stream)
             return
-        self._split(*self.split_arguments(q, qpe, kv, kpe, scale, out, lse_arg), aligned=aligned)
+        split(*self.split_arguments(q, qpe, kv, kpe, scale, out, lse_arg), aligned=aligned)
         self._combine(*self._combine_fixed, out, lse_arg, self.call.query_rows, aligned=aligned)
 
     def split_arguments(
