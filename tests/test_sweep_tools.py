@@ -53,3 +53,16 @@ def test_configs_are_named_per_format(sweep):
     assert [c.name for c in sweep.named_configs(names, default, "fp8_ds_mla")] == ["n32w4s3f", "n64w8s2", "n32w4s2f"]
     with pytest.raises(SystemExit, match="n32w4"):
         sweep.named_configs("n32w4", default, "fp8")
+
+
+def test_tilecpp_fp8_sweep_times_the_library_config_first_and_once(monkeypatch):
+    """``benchmarks/sweep_tilecpp_fp8.py --configs``: rows x tokens x CTAs per SM, the library's first."""
+    from tilegym.ops.tilecpp.mla_decoding_split_kv import SMALL_HEADS, TileConfig
+
+    monkeypatch.syspath_prepend(str(TOOL.parent))  # the tool imports its helpers from the Triton sweep
+    spec = importlib.util.spec_from_file_location("sweep_tilecpp_fp8", TOOL.parent / "sweep_tilecpp_fp8.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    configs = module.parse_configs("16x32x2,16x64x1,16x16x4")
+    assert configs == [SMALL_HEADS, TileConfig(16, 32, 2), TileConfig(16, 16, 4)]
+    assert SMALL_HEADS == TileConfig(16, 64, 1)
