@@ -11,6 +11,8 @@ and prints per config: registers and spill bytes (Triton's bundled ptxas), share
 what the KV loop does with each tensor load: staged in shared memory by ``cp.async``
 (pipelined) or waited for in registers (synchronous). A KV tile loaded synchronously costs a
 memory latency every step; that is how session 12 found the fp8 path at 25% of copy bandwidth.
+It also counts the kernel's 8-bit shared-memory loads: an fp8 dot operand gathered byte by byte
+(session 13 found 128 per thread per step for V, and removed them by reading byte pairs).
 ``--dump DIR`` writes each config's TTGIR and PTX.
 
 The answer depends on the Triton version: the H200 machine runs Triton 3.6; run this under the
@@ -145,18 +147,24 @@ class KernelReport:
     shared_kb: int
     copied: list[str]  # KV-loop tiles staged in shared memory by cp.async (pipelined)
     waited: list[str]  # KV-loop tensors loaded synchronously
+    byte_loads: int  # 8-bit shared-memory loads in the PTX (a byte-wise operand gather)
     ttgir: str
     ptx: str
 
     def json(self) -> str:
-        fields = ("registers", "spill_bytes", "shared_kb", "copied", "waited")
+        fields = ("registers", "spill_bytes", "shared_kb", "copied", "waited", "byte_loads")
         return json.dumps({"config": self.config.name, **{k: getattr(self, k) for k in fields}})
 
     def row(self) -> str:
         return (
             f"| {self.config.name} | {self.registers} | {self.spill_bytes} | {self.shared_kb} KB | "
-            f"{', '.join(self.copied) or '-'} | {', '.join(self.waited) or '-'} |"
+            f"{', '.join(self.copied) or '-'} | {', '.join(self.waited) or '-'} | {self.byte_loads} |"
         )
+
+
+def byte_shared_loads(ptx: str) -> int:
+    """How many 8-bit shared-memory loads the PTX has (``ld.shared.b8`` and its kin)."""
+    return len(re.findall(r"\bld\.shared(?:\.v\d)?\.[bsu]8\b", ptx))
 
 
 def ptxas_usage(ptx: str) -> tuple[str, str]:
@@ -187,7 +195,8 @@ def compile_report(plan: TritonDecodePlan, call) -> KernelReport:
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
     registers, spills = ptxas_usage(ptx)
     copied, waited = tensor_loads(kv_loop(ttgir))
-    return KernelReport(plan.config, registers, spills, compiled.metadata.shared // 1024, copied, waited, ttgir, ptx)
+    shared_kb = compiled.metadata.shared // 1024
+    return KernelReport(plan.config, registers, spills, shared_kb, copied, waited, byte_shared_loads(ptx), ttgir, ptx)
 
 
 def main() -> None:
@@ -214,9 +223,10 @@ def main() -> None:
             f"default = NVIDIA's config for {args.batch} x {args.seq_len}: {gpu_default.name}"
         )
         print(
-            "| config | registers | spill bytes | shared memory | KV loop: cp.async to shared | KV loop: synchronous |"
+            "| config | registers | spill bytes | shared memory | KV loop: cp.async to shared | KV loop: synchronous "
+            "| 8-bit shared loads |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
     for name in args.configs.split(","):
         config = gpu_default if name == "default" else KernelConfig.parse(name, gpu_default.block_h)
         report = compile_report(TritonDecodePlan(call, config), call)

@@ -1,8 +1,9 @@
 """The Triton split kernel stages its KV tiles in shared memory (pipelined), checked without a GPU.
 
 A tile the KV loop loads into registers synchronously costs a full memory latency every step:
-the fp8 path did that until session 12 (25% of copy bandwidth at 16 heads; 37% after). These
-tests compile the kernel for sm_90a with the installed Triton, exactly as a plan with NVIDIA's
+the fp8 path did that until session 12 (25% of copy bandwidth at 16 heads; 37% after). An fp8 dot
+operand read from shared memory byte by byte costs instructions and shared-memory reads: V was
+read so until session 13 (47% after). These tests compile the kernel for sm_90a with the installed Triton, exactly as a plan with NVIDIA's
 default config would launch it (``benchmarks/inspect_triton_kernel.py``), and read the KV loop of
 the compiled TTGIR. CI's Triton is not the H200 machine's (3.6), but both pipeline the same way
 here (checked with both for this test).
@@ -52,3 +53,5 @@ def test_default_config_pipelines_every_kv_tile(fmt: str, heads: int, layout: st
     assert report["waited"] == [], f"{report['config']}: the KV loop loads {report['waited']} synchronously"
     copied = sorted(tile.split("x")[-1] for tile in report["copied"])
     assert copied == sorted(CASES[fmt, heads, layout]), f"{report['config']}: cp.async tiles {report['copied']}"
+    # No dot operand gathered from shared memory byte by byte (the fp8 paths until session 13: 128 per step).
+    assert report["byte_loads"] == 0, f"{report['config']}: {report['byte_loads']} 8-bit shared loads"
