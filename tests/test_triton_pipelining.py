@@ -3,10 +3,11 @@
 A tile the KV loop loads into registers synchronously costs a full memory latency every step:
 the fp8 path did that until session 12 (25% of copy bandwidth at 16 heads; 37% after). An fp8 dot
 operand read from shared memory byte by byte costs instructions and shared-memory reads: V was
-read so until session 13 (47% after). These tests compile the kernel for sm_90a with the installed Triton, exactly as a plan with NVIDIA's
-default config would launch it (``benchmarks/inspect_triton_kernel.py``), and read the KV loop of
-the compiled TTGIR. CI's Triton is not the H200 machine's (3.6), but both pipeline the same way
-here (checked with both for this test).
+read so until session 13 (47% after). These tests compile the kernel for sm_90a with the
+installed Triton, exactly as a plan with NVIDIA's default config would launch it
+(``benchmarks/inspect_triton_kernel.py``), and read the KV loop of the compiled TTGIR and the
+PTX. CI's Triton is not the H200 machine's (3.6), but both pipeline the same way here (checked
+with both for this test).
 """
 
 from __future__ import annotations
