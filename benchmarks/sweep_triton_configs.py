@@ -1,7 +1,7 @@
 """Sweep the Triton split kernel's tile configs per cache format on the GPU (a development tool).
 
     python benchmarks/sweep_triton_configs.py [--shapes 64x4096x16,64x4096x128] [--formats bf16,fp8,...]
-        [--configs default,n32w4s3f,...] [--tree LABEL] [--page-size 64]
+        [--configs default,n32w4s3f,...] [--tree LABEL] [--page-size 64] [--q-len 2]
 
 For each shape and format it builds a plan per ``KernelConfig`` of a small grid (the library
 default first; ``--configs`` names them instead: ``n<block_n>w<warps>s<stages>``, a trailing
@@ -52,7 +52,14 @@ def op_tensors(shape: Shape, fmt: str, seed: int, page_size: int = 0) -> tuple[d
     kv_dtype = fp8_dtype(torch.device("cuda")) if fmt == "fp8" else None
     lens = [shape.seq_len] * shape.batch if page_size else None  # a paged cache needs kv_lens
     x = make_mla_inputs(
-        shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, device="cuda", kv_lens=lens, generator=g
+        shape.batch,
+        shape.heads,
+        shape.seq_len,
+        q_len=shape.q_len,
+        kv_dtype=kv_dtype,
+        device="cuda",
+        kv_lens=lens,
+        generator=g,
     )
     cache, packed = cache_kwargs(x, fmt, "paged" if page_size else "dense", page_size, generator=g)
     reference = (
@@ -66,7 +73,7 @@ def float64_output(q, qpe, kv, kpe, kv_scale) -> torch.Tensor:
 
 
 def output_error(out: torch.Tensor, reference: torch.Tensor) -> float:
-    """Rel. L2 error of a plan's output ([B, Q, H, D], Q = 1 here) against float64's [B, H, D]."""
+    """Rel. L2 error of a plan's output [B, Q, H, D] against float64's ([B, H, D] when Q = 1)."""
     return relative_error(out.reshape(reference.shape), reference)
 
 
@@ -122,7 +129,8 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str
         except Exception as exc:  # noqa: BLE001 - a config that does not fit (shared memory) is skipped
             rows.append((float("inf"), config, f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"))
     layout = f", pages of {page_size}" if page_size else ""
-    print(f"\n## {tree}: {shape.batch}x{shape.seq_len}x{shape.heads} {fmt}{layout} (default {default})")
+    new_tokens = f" Q={shape.q_len}" if shape.q_len > 1 else ""
+    print(f"\n## {tree}: {shape.batch}x{shape.seq_len}x{shape.heads}{new_tokens} {fmt}{layout} (default {default})")
     print("| us | % copy BW | block_n | warps | stages | programs/SM | fp8 scores fp16 | rel. L2 vs float64 |")
     print("|---|---|---|---|---|---|---|---|")
     for us, c, err in sorted(rows, key=lambda r: r[0])[: len(rows) if names else 8]:
@@ -140,13 +148,14 @@ def main() -> None:
     parser.add_argument("--configs", default=None, help="e.g. default,fp8:n32w4s3f,n64w8s2 (the same for every shape)")
     parser.add_argument("--tree", default="this tree", help="a label for the tables")
     parser.add_argument("--page-size", type=int, default=0, help="> 0: the cache in pages behind a block table")
+    parser.add_argument("--q-len", type=int, default=1, help="new tokens per row (MTP), causal")
     args = parser.parse_args()
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"{args.tree}: copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s", flush=True)
     for text in args.shapes.split(","):
         b, s, h = map(int, text.split("x"))
         for fmt in args.formats.split(","):
-            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps, args.configs, args.tree, args.page_size)
+            sweep(Shape(b, s, h, args.q_len), fmt, ceilings.copy_gbps, args.configs, args.tree, args.page_size)
 
 
 if __name__ == "__main__":

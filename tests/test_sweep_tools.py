@@ -66,3 +66,15 @@ def test_tilecpp_fp8_sweep_times_the_library_config_first_and_once(monkeypatch):
     configs = module.parse_configs("16x32x2,16x64x1,16x16x4")
     assert configs == [SMALL_HEADS, TileConfig(16, 32, 2), TileConfig(16, 16, 4)]
     assert SMALL_HEADS == TileConfig(16, 64, 1)
+
+
+def test_the_sweeps_float64_check_covers_several_new_tokens(sweep):
+    """``--q-len 2``: causal MTP inputs, checked against float64 (which masks the same way)."""
+    tensors, reference_inputs = sweep.op_tensors(Shape(2, 48, 16, q_len=2), "fp8", seed=5)
+    call = validate_mla_decoding(**tensors)
+    assert call.q_len == 2 and call.causal
+    out = torch.empty_like(call.out)
+    TritonDecodePlan(call, default_config(call)).run(call.q, call.qpe, call.kv, call.kpe, call.kv_scale, out, None)
+    reference = sweep.float64_output(*reference_inputs)
+    assert sweep.output_error(out, reference) < 1e-2
+    assert sweep.output_error(out.flip(1), reference) > 0.05  # the two new tokens see different prefixes
