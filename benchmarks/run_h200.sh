@@ -77,7 +77,7 @@ cp "$LOGS/0-info.log" benchmarks/results/h200-info.log
 tar czf "$OUT/results.tar.gz" benchmarks/results device-logs
 echo
 echo "=== summary"
-grep -hE "^(=+ .*(passed|failed|error|skipped).* =+|FAILED|ERROR)" "$LOGS"/*gpu-tests.log 2>/dev/null | tail -30
+grep -hE "^(=+ .*(passed|failed|error|skipped).* =+|[0-9]+ (passed|failed|error).*|FAILED|ERROR)" "$LOGS"/*gpu-tests.log 2>/dev/null | tail -30
 for table in "$LOGS"/*-bench-*.log; do
     [ -e "$table" ] || continue
     echo "--- $(basename "$table" .log)"
