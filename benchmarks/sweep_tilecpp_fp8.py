@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from sweep_triton_configs import ROTATING_SETS, float64_output, op_tensors, output_error, planned_run  # same folder
+from sweep_triton_configs import ROTATING_SETS, checked_time, float64_output, op_tensors  # same folder
 
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.mla_decoding import Shape, kv_bytes_per_token, traffic_bytes
@@ -43,8 +43,6 @@ def compile_variants(configs: list[TileConfig], arch: str) -> None:
 
 
 def sweep(shape: Shape, configs: list[TileConfig], copy_gbps: float) -> None:
-    from tilegym.timing import time_calls
-
     sets = [op_tensors(shape, "fp8", seed) for seed in range(ROTATING_SETS)]
     call = validate_mla_decoding(**sets[0][0])
     reference = float64_output(*sets[0][1])
@@ -54,12 +52,8 @@ def sweep(shape: Shape, configs: list[TileConfig], copy_gbps: float) -> None:
     print("|---|---|---|---|---|---|")
     for config in configs:
         try:
-            plan = TileCppDecodePlan(call, config)
-            calls = [planned_run(plan, validate_mla_decoding(**tensors)) for tensors, _ in sets]
-            got = calls[0]().clone()
-            torch.cuda.synchronize()
-            check = f"{output_error(got, reference):.1e}"
-            us = time_calls(calls, torch.device("cuda"), warmup=3, repeat=15, use_graph=True).median_us
+            us, err = checked_time(TileCppDecodePlan(call, config), sets, reference)
+            check = f"{err:.1e}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not fit or was not compiled is reported
             us, check = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
         pct = 100 * nbytes / (us * 1e3) / copy_gbps if us != float("inf") else 0

@@ -105,6 +105,16 @@ def planned_run(plan: TritonDecodePlan, call) -> object:
     return run
 
 
+def checked_time(plan, sets: list, reference: torch.Tensor) -> tuple[float, float]:
+    """(median us of CUDA-graph replays over the rotating input sets, rel. L2 error of the first set's
+    output against float64) for any backend's plan."""
+    calls = [planned_run(plan, validate_mla_decoding(**tensors)) for tensors, _ in sets]
+    got = calls[0]().clone()
+    torch.cuda.synchronize()
+    err = output_error(got, reference)
+    return time_calls(calls, torch.device("cuda"), warmup=3, repeat=15, use_graph=True).median_us, err
+
+
 def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str, page_size: int = 0) -> None:
     sets = [op_tensors(shape, fmt, seed, page_size) for seed in range(ROTATING_SETS)]
     call = validate_mla_decoding(**sets[0][0])
@@ -119,12 +129,7 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str
     )
     for config in configs:
         try:
-            plan = TritonDecodePlan(call, config)
-            calls = [planned_run(plan, validate_mla_decoding(**tensors)) for tensors, _ in sets]
-            got = calls[0]().clone()
-            torch.cuda.synchronize()
-            err = output_error(got, reference)
-            us = time_calls(calls, torch.device("cuda"), warmup=3, repeat=15, use_graph=True).median_us
+            us, err = checked_time(TritonDecodePlan(call, config), sets, reference)
             rows.append((us, config, err))
         except Exception as exc:  # noqa: BLE001 - a config that does not fit (shared memory) is skipped
             rows.append((float("inf"), config, f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"))

@@ -445,6 +445,17 @@ def _packed_step_offsets(
 
 
 @triton.jit
+def _ds_mla_scales_and_rope(scale_row, s_offs, kpe_row, kpe_offs, n_mask, ROPE_DIM: tl.constexpr):
+    """A ``fp8_ds_mla`` step's four float32 group scales [BLOCK_N] and bf16 rope tile [BLOCK_N, ROPE_DIM]."""
+    s0 = tl.load(scale_row + s_offs, mask=n_mask, other=0.0)
+    s1 = tl.load(scale_row + s_offs + 1, mask=n_mask, other=0.0)
+    s2 = tl.load(scale_row + s_offs + 2, mask=n_mask, other=0.0)
+    s3 = tl.load(scale_row + s_offs + 3, mask=n_mask, other=0.0)
+    kpe = tl.load(kpe_row + kpe_offs[:, None] + tl.arange(0, ROPE_DIM)[None, :], mask=n_mask[:, None], other=0.0)
+    return s0, s1, s2, s3, kpe
+
+
+@triton.jit
 def _groups_to_fp16(q0, q1, q2, q3):
     """The four query groups scaled per row by one power of two (largest entry near 2^14) and cast
     to fp16, exactly (see ``_queries_to_fp16``), and the per-row factor that undoes the scaling."""
@@ -608,7 +619,6 @@ def _attend_fp8_ds_mla(
     """
     GROUP: tl.constexpr = 128
     offs_g = tl.arange(0, GROUP)
-    offs_p = tl.arange(0, ROPE_DIM)
     q_tile = q_ptr + q_rows[:, None] + offs_g[None, :]
     q0, q1, q2, q3, head_scale = _groups_to_fp16(
         tl.load(q_tile, mask=r_mask[:, None], other=0.0),
@@ -638,11 +648,7 @@ def _attend_fp8_ds_mla(
         k1, v1 = _fp8_operands(kv_tile + GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
         k2, v2 = _fp8_operands(kv_tile + 2 * GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
         k3, v3 = _fp8_operands(kv_tile + 3 * GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
-        s0 = tl.load(scale_row + s_offs, mask=n_mask, other=0.0)
-        s1 = tl.load(scale_row + s_offs + 1, mask=n_mask, other=0.0)
-        s2 = tl.load(scale_row + s_offs + 2, mask=n_mask, other=0.0)
-        s3 = tl.load(scale_row + s_offs + 3, mask=n_mask, other=0.0)
-        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        s0, s1, s2, s3, kpe = _ds_mla_scales_and_rope(scale_row, s_offs, kpe_row, kpe_offs, n_mask, ROPE_DIM)
         zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
         latent = _dot(q0, k0, zero, DOT_F32) * s0[None, :]
         latent += _dot(q1, k1, zero, DOT_F32) * s1[None, :]
@@ -668,7 +674,6 @@ def _attend_fp8_ds_mla_pairs(
     (``_e4m3_pairs_to_f16``): every group's dots split into its even and odd columns."""
     HALF: tl.constexpr = 64
     offs_j = tl.arange(0, HALF)
-    offs_p = tl.arange(0, ROPE_DIM)
     q0e, q0o = _deinterleave(q0, BLOCK_H, HALF)
     q1e, q1o = _deinterleave(q1, BLOCK_H, HALF)
     q2e, q2o = _deinterleave(q2, BLOCK_H, HALF)
@@ -694,11 +699,7 @@ def _attend_fp8_ds_mla_pairs(
         g1 = tl.load(pair_tile + HALF, mask=n_mask[:, None], other=0)
         g2 = tl.load(pair_tile + 2 * HALF, mask=n_mask[:, None], other=0)
         g3 = tl.load(pair_tile + 3 * HALF, mask=n_mask[:, None], other=0)
-        s0 = tl.load(scale_row + s_offs, mask=n_mask, other=0.0)
-        s1 = tl.load(scale_row + s_offs + 1, mask=n_mask, other=0.0)
-        s2 = tl.load(scale_row + s_offs + 2, mask=n_mask, other=0.0)
-        s3 = tl.load(scale_row + s_offs + 3, mask=n_mask, other=0.0)
-        kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+        s0, s1, s2, s3, kpe = _ds_mla_scales_and_rope(scale_row, s_offs, kpe_row, kpe_offs, n_mask, ROPE_DIM)
         zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
         latent = _pair_scores(q0e, q0o, g0, zero, FP8_PAIRS, DOT_F32) * s0[None, :]
         latent += _pair_scores(q1e, q1o, g1, zero, FP8_PAIRS, DOT_F32) * s1[None, :]
