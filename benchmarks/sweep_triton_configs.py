@@ -79,7 +79,7 @@ def output_error(out: torch.Tensor, reference: torch.Tensor) -> float:
 
 def named_configs(names: str, default: KernelConfig, fmt: str) -> list[KernelConfig]:
     """The configs ``--configs`` names for ``fmt``: ``default`` or names like ``n32w4s3f``
-    (``KernelConfig.parse``), each for every format or, prefixed ``fp8:``, for one."""
+    (``KernelConfig.parse``; ``h32n32w4s2fp1`` also sets query rows and programs per SM), each for every format or, prefixed ``fp8:``, for one."""
     configs = []
     for entry in names.split(","):
         only, _, name = entry.rpartition(":")
@@ -136,13 +136,15 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, names: str | None, tree: str
     layout = f", pages of {page_size}" if page_size else ""
     new_tokens = f" Q={shape.q_len}" if shape.q_len > 1 else ""
     print(f"\n## {tree}: {shape.batch}x{shape.seq_len}x{shape.heads}{new_tokens} {fmt}{layout} (default {default})")
-    print("| us | % copy BW | block_n | warps | stages | programs/SM | fp8 scores fp16 | rel. L2 vs float64 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| us | % copy BW | block_h | block_n | warps | stages | programs/SM | fp8 scores fp16 | rel. L2 vs float64 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for us, c, err in sorted(rows, key=lambda r: r[0])[: len(rows) if names else 8]:
         pct = 100 * nbytes / (us * 1e3) / copy_gbps if us != float("inf") else 0
         mark = " (default)" if c == default else ""
         check = err if isinstance(err, str) else f"{err:.1e}"
-        fields = (c.block_n, c.num_warps, c.num_stages, c.programs_per_sm, c.fp8_fp16_scores, check)
+        fields = (c.block_h, c.block_n, c.num_warps, c.num_stages, c.programs_per_sm, c.fp8_fp16_scores, check)
         print(f"| {us:.1f}{mark} | {pct:.0f} | " + " | ".join(map(str, fields)) + " |", flush=True)
 
 

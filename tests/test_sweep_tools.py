@@ -53,6 +53,9 @@ def test_configs_are_named_per_format(sweep):
     assert [c.name for c in sweep.named_configs(names, default, "fp8_ds_mla")] == ["n32w4s3f", "n64w8s2", "n32w4s2f"]
     with pytest.raises(SystemExit, match="n32w4"):
         sweep.named_configs("n32w4", default, "fp8")
+    (wider,) = sweep.named_configs("h32n64w8s2fp1", default, "fp8")
+    assert (wider.block_h, wider.block_n, wider.num_warps, wider.num_stages) == (32, 64, 8, 2)
+    assert (wider.programs_per_sm, wider.fp8_fp16_scores) == (1, True)
 
 
 def test_tilecpp_fp8_sweep_times_the_library_config_first_and_once(monkeypatch):

@@ -53,7 +53,7 @@ SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured f
 FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps measured faster
 COMBINE_BLOCK_SPLITS = 16
 KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain values (fp8 per tensor too)
-CONFIG_NAME = re.compile(r"n(\d+)w(\d+)s(\d+)(f?)")
+CONFIG_NAME = re.compile(r"(?:h(\d+))?n(\d+)w(\d+)s(\d+)(f?)(?:p(\d+))?")
 
 
 FP8_PAIRS_OFF, FP8_PAIRS_PORTABLE, FP8_PAIRS_PTX = 0, 1, 2  # the kernel's FP8_PAIRS (see _e4m3_pairs_to_f16)
@@ -121,12 +121,22 @@ class KernelConfig:
 
     @classmethod
     def parse(cls, name: str, block_h: int, programs_per_sm: int = 2) -> KernelConfig:
-        """The config a name like ``n32w4s3f`` gives (tools and sweeps name configs this way)."""
+        """The config a name like ``n32w4s3f`` gives (tools and sweeps name configs this way); an
+        ``h<rows>`` prefix overrides ``block_h`` and a ``p<programs>`` suffix ``programs_per_sm``."""
         match = CONFIG_NAME.fullmatch(name)
         if match is None:
-            raise ValueError(f"config name {name!r} is not n<block_n>w<warps>s<stages>, optionally followed by f")
-        n, w, st, f = match.groups()
-        return cls(block_h, int(n), int(w), int(st), programs_per_sm, fp8_fp16_scores=bool(f))
+            raise ValueError(
+                f"config name {name!r} is not [h<block_h>]n<block_n>w<warps>s<stages>[f][p<programs_per_sm>]"
+            )
+        h, n, w, st, f, p = match.groups()
+        return cls(
+            int(h) if h else block_h,
+            int(n),
+            int(w),
+            int(st),
+            int(p) if p else programs_per_sm,
+            fp8_fp16_scores=bool(f),
+        )
 
 
 def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConfig:
@@ -156,9 +166,9 @@ def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConf
     if block_h == 32:
         return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=2)
     if call.is_fp8:
-        # Byte pairs, 64 x 4096 x 16 / 128 x 8192 x 16: 76.2 / 262.6 us (session 13). n64 w4 s2 f measured
-        # 75.7 / 249.1 in the same call, but only this config's GPU tests ran with the pairs.
-        return KernelConfig(block_h, block_n=32, num_warps=4, num_stages=3, fp8_fp16_scores=True)
+        # Byte pairs, 64 x 4096 x 16 / 128 x 8192 x 16 (session 14, one call): 74.1 / 235.1 us; n32 w4 s3 f
+        # (session 13's) 77.1 / 258.9, n64 w4 s2 f 75.8 / 245.6.
+        return KernelConfig(block_h, block_n=64, num_warps=4, num_stages=3, fp8_fp16_scores=True)
     if call.kv_format == MXFP4:  # 64 x 4096 x 16: 322 us vs 377 with 32-token steps and 4 warps
         return KernelConfig(block_h, block_n=64, num_warps=8, num_stages=3)
     if call.is_packed:  # fp8_ds_mla as byte pairs, 64 x 4096 x 16: 106.5 us; n32 w4 s2 127.4 (session 13)
