@@ -79,7 +79,8 @@ def output_error(out: torch.Tensor, reference: torch.Tensor) -> float:
 
 def named_configs(names: str, default: KernelConfig, fmt: str) -> list[KernelConfig]:
     """The configs ``--configs`` names for ``fmt``: ``default`` or names like ``n32w4s3f``
-    (``KernelConfig.parse``; ``h32n32w4s2fp1`` also sets query rows and programs per SM), each for every format or, prefixed ``fp8:``, for one."""
+    (``KernelConfig.parse``; ``h32n32w4s2fp1`` also sets query rows and programs per SM), each for
+    every format or, prefixed ``fp8:``, for one."""
     configs = []
     for entry in names.split(","):
         only, _, name = entry.rpartition(":")
