@@ -32,9 +32,13 @@ def test_too_many_query_rows_is_refused_with_a_reason() -> None:
     assert len(reasons) == 1 and "1..128 query rows" in reasons[0] and "4 x 64 = 256" in reasons[0]
 
 
-def test_fp8_cache_at_many_heads_is_refused_with_a_reason() -> None:
-    reasons = cutlass_mla.supports(_call(64, kv_dtype=torch.float8_e4m3fn))
-    assert len(reasons) == 1 and "at most 16 query rows" in reasons[0], reasons
+def test_fp8_cache_at_many_heads_is_taken_by_the_wgmma_kernel() -> None:
+    """(tests/test_cutlass_fp8.py covers the fp8 variant's reasons and parity.)"""
+    assert cutlass_mla.supports(_call(64, kv_dtype=torch.float8_e4m3fn)) == [
+        "cutlass runs on NVIDIA GPUs only, got a tensor on cpu"
+    ]
+    kernel = cutlass_mla._split_kernel_of(_call(64, kv_dtype=torch.float8_e4m3fn))
+    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1>"  # dtype, kPair, kFp8
 
 
 def test_other_head_dims_are_refused_with_a_reason() -> None:
@@ -91,7 +95,12 @@ def test_every_variant_is_listed_for_precompile() -> None:
     assert names == sorted(
         [
             *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
-            *(f"{cutlass_mla.KERNEL}<{c}, {pair}>" for c in ("__half", "__nv_bfloat16") for pair in (1, 2)),
+            *(
+                f"{cutlass_mla.KERNEL}<{c}, {pair}, {fp8_cache}>"
+                for c in ("__half", "__nv_bfloat16")
+                for pair in (1, 2)
+                for fp8_cache in (0, 1)
+            ),
             *fp8,
         ]
     )
@@ -251,7 +260,7 @@ def test_cluster_pairs_stay_one_wave() -> None:
     x = make_mla_inputs(64, 128, 256, device="cuda")
     plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe))
     kernel = plan._split_kernel()
-    assert kernel.instance_name.endswith(", 2>"), "two 64-row groups should run as a cluster pair"
+    assert kernel.instance_name.endswith(", 2, 0>"), "two 64-row groups should run as a cluster pair"
     programs = plan.schedule.shape.programs
     fit = kernel.max_active_clusters(plan.device_index, (programs, 2, 1), (plan.threads, 1, 1), plan._shared_bytes())
     sms = torch.cuda.get_device_properties(plan.device_index).multi_processor_count

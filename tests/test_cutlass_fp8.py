@@ -42,9 +42,27 @@ def fp8_call(heads: int, q_len: int = 1, *, kv_dtype=FP8, dtype=torch.bfloat16):
     return validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
 
 
-def test_more_than_16_query_rows_are_refused_with_a_reason() -> None:
-    reasons = cutlass_mla.supports(fp8_call(16, q_len=2))
-    assert len(reasons) == 1 and "at most 16 query rows" in reasons[0] and "2 x 16 = 32" in reasons[0], reasons
+def test_more_than_16_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only() -> None:
+    assert cutlass_mla.supports(fp8_call(16, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+    reasons = cutlass_mla.supports(fp8_call(128, q_len=2))
+    assert len(reasons) == 1 and "at most 128 query rows" in reasons[0] and "2 x 128 = 256" in reasons[0], reasons
+    x = make_mla_inputs(2, 32, 64)
+    call = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
+    reasons = cutlass_mla.supports(call)
+    assert len(reasons) == 1 and "fp8_ds_mla kernel serves at most 16 query rows" in reasons[0], reasons
+
+
+def test_more_than_16_query_rows_refuse_pages_of_one_token() -> None:
+    """The wgmma kernel's fp8 variant TMA-loads boxes of 64-byte tokens that must start on 128-byte
+    boundaries: pages of 1 token (boxes of 1) are refused, pages of 2 taken."""
+    x = make_mla_inputs(2, 64, 64, kv_dtype=FP8, kv_lens=[64, 50])
+    for page_size, expected in ((1, "got pages of 1 tokens"), (2, None)):
+        kwargs, _ = cache_kwargs(x, "fp8", "paged", page_size)
+        reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **kwargs))
+        if expected is None:
+            assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
+        else:
+            assert len(reasons) == 1 and "boxes of 2 or more tokens" in reasons[0] and expected in reasons[0], reasons
 
 
 @pytest.mark.skipif(not hasattr(torch, "float8_e4m3fnuz"), reason="this torch has no float8_e4m3fnuz")
@@ -267,3 +285,62 @@ def test_queries_far_from_unit_scale(dtype, exponent) -> None:
     )
     expected = mla_decode_float64(q, qpe, x.kv, x.kpe, sm_scale, kv_scale=x.kv_scale)
     check(out, lse, expected, "fp8", dtype, seed)
+
+
+# -------------------------------------------- fp8 at 17-128 query rows: the wgmma kernel's fp8 variant
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# (layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
+WIDE_CASES = [
+    ("dense", 0, 6, 64, 1, 3000, BF16, True, None),
+    ("dense", 0, 4, 128, 1, 2000, BF16, True, None),  # two 64-row groups: the cluster pair
+    ("dense", 0, 5, 16, 2, 1500, FP16, True, 256),  # MTP, 32 rows, forced splits through the combine
+    ("dense", 0, 3, 24, 3, 800, BF16, True, None),  # 72 rows: a partial second group
+    ("paged", 64, 6, 128, 1, 2500, BF16, True, None),
+    ("paged", 2, 4, 64, 1, 700, BF16, True, None),  # the smallest box the variant takes
+    ("ragged", 16, 5, 32, 2, 900, BF16, False, 320),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"), WIDE_CASES, ids=str
+)
+def test_fp8_at_many_query_rows_matches_float64(layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split):
+    require_cutlass()
+    generator, seed = fresh_generator()
+    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
+    lens[:3] = [0, 1, seq_len]
+    x = make_mla_inputs(
+        batch, heads, seq_len, dtype=dtype, kv_dtype=FP8, kv_lens=lens, q_len=q_len, device="cuda", generator=generator
+    )
+    kwargs, _ = cache_kwargs(x, "fp8", layout, page_size, generator=generator)
+    assert isinstance(
+        cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, **kwargs)), cutlass_mla.CutlassFp8WideDecodePlan
+    )
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
+    )
+    torch.cuda.synchronize()
+    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, causal=causal)
+    check(out, lse, expected, "fp8", dtype, seed)
+    empty = (x.kv_lens <= 0).cpu()
+    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+
+
+@pytest.mark.parametrize("exponent", [-20, 20, -60], ids=str)
+@pytest.mark.gpu
+def test_fp8_at_many_query_rows_with_queries_far_from_unit_scale(exponent) -> None:
+    """The variant stages a bf16 query as fp16 after a power-of-two scale per row: queries 2^exponent
+    times larger (beyond fp16's range both ways), with sm_scale 2^-exponent times smaller, must match
+    float64 like unit queries do."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(3, 64, 700, kv_dtype=FP8, device="cuda", generator=generator)
+    factor = 2.0**exponent
+    q, qpe = (x.q.float() * factor).to(BF16), (x.qpe.float() * factor).to(BF16)
+    out, lse = mla_decoding_split_kv(
+        q, qpe, x.kv, x.kpe, kv_scale=x.kv_scale, sm_scale=576**-0.5 / factor, return_lse=True, backend=BACKEND
+    )
+    expected = mla_decode_float64(q, qpe, x.kv, x.kpe, 576**-0.5 / factor, kv_scale=x.kv_scale)
+    check(out, lse, expected, "fp8", BF16, seed)

@@ -49,6 +49,18 @@
 //   With more than 64 query rows the KV of a piece is read once per 64-row group (the groups of a
 //   piece run at the same time on one GPC, kPair, and the second read hits L2).
 //
+// kFp8 = 1 (a per-tensor fp8 e4m3 cache, more than 16 query rows): the same schedule, steps and
+// matmuls in fp16. Each tile arrives by TMA as fp8 [64 tokens, 64 bytes] (4 KB, unswizzled) into the
+// upper half of its side's fp16 region (tiles 0..3 -> bytes 16-32 KB of the latent buffer, tiles 4..7
+// -> 48-64 KB, the rope -> 4-8 KB of its 8 KB tile), and the warpgroup that scores the block widens it
+// there into the swizzled fp16 tile (cvt.rn.f16x2.e4m3x2, exact) just before its score matmuls read
+// it: tile j of a side writes bytes 8j..8j+8 KB of the side, which hold the fp8 bytes of tiles 2j-4 and
+// 2j-3, already widened (the side's last tile, j = 3, reads all of its bytes before it writes). The
+// query is staged as fp16: a bf16 row is scaled by a power of two that puts its largest element in
+// [2^14, 2^15) (exact unless an element is 2^24 below it), whose inverse, times the cache's scale,
+// goes into the row's score scale; the output is multiplied by the cache's scale once. The cache
+// bytes per step halve, the smem traffic grows by the widening (36 KB read, 72 KB written per block).
+//
 // Layout: the TMA maps view the latent and rope caches as [units, rows, columns]: dense = (batch
 // rows, tokens), paged = (pages, page_size) with the pages of a row from a block-table row
 // (ragged = 0) or kv_indices[kv_indptr[b]:] (ragged = 1). Page ids are clamped to [0, num_pages) and
@@ -149,6 +161,7 @@ struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   unsigned char p[2][kRows * kTokens * 2];  // P_A (relative to m_A), P_B (to m_B)
   float m[2][kRows];                        // m_A, m_B of the current step
   float sum[2][kRows];                      // per-warpgroup row sums at the end of a segment
+  float q_factor[kRows];                    // kFp8: the power of two each query row was scaled by
   uint64_t full[2][kTiles];                 // (buffer, tile) has landed
 };
 
@@ -166,6 +179,54 @@ using tilegym_cutlass::mbar_init;
 using tilegym_cutlass::mbar_wait;
 using tilegym_cutlass::tma_load_3d;
 
+// kFp8: where tile t (0..7 latent, 8 the rope) of a buffer lands as fp8 bytes and where it is widened.
+inline constexpr int kFp8TileBytes = kTokens * 64;
+__device__ __forceinline__ unsigned char* fp8_staging(SharedStorage& smem, int buf, int t) {
+  if (t == 8) return smem.kpe[buf] + kFp8TileBytes;
+  return smem.kv[buf] + (t / kLeftTiles) * (kLeftTiles * kTileBytes) + 2 * kTileBytes + (t % kLeftTiles) * kFp8TileBytes;
+}
+__device__ __forceinline__ unsigned char* wide_tile(SharedStorage& smem, int buf, int t) {
+  return t == 8 ? smem.kpe[buf] : smem.kv[buf] + t * kTileBytes;
+}
+
+// Two e4m3 values (the low 16 bits of x, the first in the low byte) -> f16x2, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t y;
+  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// kFp8: tile t of buffer buf, fp8 staging -> the swizzled fp16 tile, by the 128 threads of warpgroup wg
+// (thread wt: 8-byte pieces wt, wt + 128, ...: token u / 8, columns 8 (u % 8) ..; a warp reads 256
+// contiguous bytes and writes four whole 128-byte rows). Ends with the tile visible to wgmma.
+__device__ __forceinline__ void widen_fp8_tile(SharedStorage& smem, int buf, int t, int wg, int wt) {
+  const unsigned char* src = fp8_staging(smem, buf, t);
+  unsigned char* dst = wide_tile(smem, buf, t);
+  uint2 v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<const uint2*>(src + (i * 128 + wt) * 8);
+  // A side's last tile (and the rope) overlap their own fp8 bytes: every read before any write.
+  if (t % kLeftTiles == kLeftTiles - 1 || t == 8) asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int u = i * 128 + wt, token = u >> 3, chunk = u & 7;
+    const uint4 w = make_uint4(e4m3x2_to_f16x2(v[i].x), e4m3x2_to_f16x2(v[i].x >> 16), e4m3x2_to_f16x2(v[i].y),
+                               e4m3x2_to_f16x2(v[i].y >> 16));
+    *reinterpret_cast<uint4*>(dst + token * 128 + ((chunk ^ (token & 7)) << 4)) = w;
+  }
+  fence_async_shared();
+  asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
+}
+
+// kFp8 with a bf16 query: the power of two that puts a row's largest magnitude amax in [2^14, 2^15)
+// (1 for a row of zeros, infinities or NaN; kept within 2^+-100 so it stays a finite float).
+__device__ __forceinline__ float fp16_row_factor(float amax) {
+  if (!(amax > 0.f) || !(amax < INFINITY)) return 1.f;
+  int e;
+  frexpf(amax, &e);  // amax < 2^e
+  return ldexpf(1.f, max(-100, min(100, 15 - e)));
+}
+
 }  // namespace tilegym_cute
 
 // kPair = 2 (two 64-row groups): the groups of a piece (blockIdx.y 0 and 1) run as a cluster, which
@@ -173,7 +234,7 @@ using tilegym_cutlass::tma_load_3d;
 // two reads cost L2 less work (ncu: same DRAM bytes, L2 throughput 47% instead of 57% of peak).
 // (Sharing the loads by TMA multicast instead was slower: each refill then waits for the slower CTA
 // of the pair.) kPair = 1: a cluster of one CTA.
-template <typename T, int kPair>
+template <typename T, int kPair, int kFp8>
 __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
@@ -181,10 +242,13 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
     long long qpe_sq, long long qpe_sh, long long table_sb, float qk_scale_log2,
-    const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kpe_map, int box_rows) {
+    const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kpe_map, int box_rows,
+    const float* __restrict__ kv_scale) {
   using namespace cute;
   using namespace tilegym_cute;
-  using E = typename Types<T>::E;
+  using M = std::conditional_t<kFp8 != 0, __half, T>;  // the matmuls' input type
+  using E = typename Types<M>::E;
+  constexpr int kRowBytes = kFp8 ? 64 : 128;  // bytes per token of a tile as TMA writes it
 
   // The swizzled layouts need 1 KB alignment: the launch asks for sizeof(SharedStorage) + 1 KB.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -208,10 +272,11 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   tilegym_cutlass::allow_dependent_launch();  // the combine may be placed as SMs free up
   __syncthreads();
 
-  auto mma_s = make_tiled_mma(typename Types<T>::MmaS{});
-  auto mma_s_rope = make_tiled_mma(typename Types<T>::MmaSRope{});
-  auto mma_local = make_tiled_mma(typename Types<T>::MmaOLocal{});
-  auto mma_remote = make_tiled_mma(typename Types<T>::MmaORemote{});
+  auto mma_s = make_tiled_mma(typename Types<M>::MmaS{});
+  auto mma_s_rope = make_tiled_mma(typename Types<M>::MmaSRope{});
+  auto mma_local = make_tiled_mma(typename Types<M>::MmaOLocal{});
+  auto mma_remote = make_tiled_mma(typename Types<M>::MmaORemote{});
+  const float cache_scale = kFp8 ? *kv_scale : 1.f;  // multiplies scores and output
   auto thr_s = mma_s.get_slice(wt);
   auto thr_s_rope = mma_s_rope.get_slice(wt);
   auto thr_local = mma_local.get_slice(wt);
@@ -227,6 +292,67 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   uint32_t* rQpe32 = reinterpret_cast<uint32_t*>(rQpe.data());
 
   int parity[2] = {0, 0};  // of each buffer's barriers
+
+  // kFp8, bf16 query: two bf16 (a 32-bit pair) times factor -> an f16 pair.
+  auto scaled_fp16_pair = [](uint32_t bits, float factor) {
+    __nv_bfloat162 v;
+    memcpy(&v, &bits, 4);
+    const float2 f = __bfloat1622float2(v);
+    const __half2 h = __floats2half2_rn(f.x * factor, f.y * factor);
+    uint32_t out;
+    memcpy(&out, &h, 4);
+    return out;
+  };
+  // kFp8, bf16 query: each thread's own staged chunks of Q's latent part (rows tid / 8 and tid / 8 + 32,
+  // chunks tid % 8 + 8 j) -> fp16 in place, scaled per row (fp16_row_factor of the row's largest
+  // magnitude over the latent and the rope, gathered over the row's 8 threads); the factors go to
+  // smem.q_factor for the rope fragments and the score scale.
+  auto stage_query_as_fp16 = [&](int b) {
+    const int sub = tid & 7;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = (tid >> 3) + 32 * half;
+      const int r = r0 + i;
+      uint4 chunk[8];
+      float amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        chunk[j] = *reinterpret_cast<const uint4*>(smem.q + wide_offset(i, (sub + 8 * j) * 8));
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(&chunk[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          __nv_bfloat162 v;
+          memcpy(&v, &w[e], 4);
+          const float2 f = __bfloat1622float2(v);
+          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+      if (r < query_rows) {  // this thread's 8 rope elements of the row
+        const int token = r / heads, head = r - token * heads;
+        const uint32_t* rope = reinterpret_cast<const uint32_t*>(qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          __nv_bfloat162 v;
+          const uint32_t bits = rope[sub * 4 + e];
+          memcpy(&v, &bits, 4);
+          const float2 f = __bfloat1622float2(v);
+          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 4));
+      const float factor = fp16_row_factor(amax);
+      if (sub == 0) smem.q_factor[i] = factor;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t* w = reinterpret_cast<uint32_t*>(&chunk[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = scaled_fp16_pair(w[e], factor);
+        *reinterpret_cast<uint4*>(smem.q + wide_offset(i, (sub + 8 * j) * 8)) = chunk[j];
+      }
+    }
+  };
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b];
@@ -248,14 +374,14 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
       const int t0 = wg == 0 ? 0 : kLeftTiles, t1 = wg == 0 ? kLeftTiles : kTiles;
       if (wt == 0) {
-        for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * 128);
+        for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * kRowBytes);
       }
       for (int box = wt; box < boxes; box += 32) {
         const auto [unit, row] =
             tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         for (int t = t0; t < t1; ++t) {
-          unsigned char* dst = t < 8 ? smem.kv[buf] + t * kTileBytes : smem.kpe[buf];
-          tma_load_3d(dst + box * box_rows * 128, t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,
+          unsigned char* dst = kFp8 ? fp8_staging(smem, buf, t) : wide_tile(smem, buf, t);
+          tma_load_3d(dst + box * box_rows * kRowBytes, t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,
                       &smem.full[buf][t]);
         }
       }
@@ -313,8 +439,26 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       }
     }
     wait_async_copies<0>();  // Q (the KV copies are tracked by the barriers, not by groups)
+    if constexpr (kFp8 != 0 && std::is_same_v<T, __nv_bfloat16>) stage_query_as_fp16(b);
     fence_async_shared();
     __syncthreads();
+    float score_scale[2];  // per row: log2(e) * sm_scale (kFp8: times the cache's scale over the row's factor)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      score_scale[k] = qk_scale_log2;
+      if constexpr (kFp8 != 0) {
+        float factor = 1.f;
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+          factor = smem.q_factor[my_row0 + 8 * k];
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rQpe32[4 * s + 2 * h + k] = scaled_fp16_pair(rQpe32[4 * s + 2 * h + k], factor);
+          }
+        }
+        score_scale[k] = qk_scale_log2 * cache_scale / factor;
+      }
+    }
 
     // Per-row state of this thread's two rows: running max (log2 units), this warpgroup's share of
     // the sum (this thread's columns), the causal limit.
@@ -347,6 +491,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         auto score_tile = [&](auto tile) {
           constexpr int t = decltype(tile)::value;
           mbar_wait(&smem.full[buf][t], parity[buf]);  // TMA wrote through the async proxy, as wgmma reads
+          if constexpr (kFp8 != 0) widen_fp8_tile(smem, buf, t, wg, wt);
           warpgroup_fence_operand(acc_s);
           warpgroup_arrive();
           if constexpr (t < 8) {
@@ -381,7 +526,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
           const int pos = pos0 + acc_col(i, wt);
-          p[i] = pos < limit[row_half(i)] ? acc_s(i) * qk_scale_log2 : -INFINITY;
+          p[i] = pos < limit[row_half(i)] ? acc_s(i) * score_scale[row_half(i)] : -INFINITY;
         }
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
@@ -435,7 +580,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           p[i] = fast_exp2(p[i] - safe[k]);
           p[i + 1] = fast_exp2(p[i + 1] - safe[k]);
           l[k] += p[i] + p[i + 1];
-          rP32[i / 2] = Types<T>::pack(p[i], p[i + 1]);
+          rP32[i / 2] = Types<M>::pack(p[i], p[i + 1]);
           *reinterpret_cast<uint32_t*>(smem.p[buf] + narrow_offset(my_row0 + 8 * k, acc_col(i, wt))) = rP32[i / 2];
         }
         fence_async_shared();
@@ -543,7 +688,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       const float total = smem.sum[0][row] + smem.sum[1][row];
       // A row that saw no token: zeros and lse -inf. NaN in the data makes total NaN: NaN out.
       const bool empty = total == 0.f;
-      inv[k] = empty ? 0.f : 1.f / total;
+      inv[k] = empty ? 0.f : cache_scale / total;
       lse[k] = empty ? -INFINITY : (m[k] + log2f(total)) * kLn2;
     }
     const int col0 = wg * 256;

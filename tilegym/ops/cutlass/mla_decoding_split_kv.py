@@ -4,7 +4,9 @@ Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persisten
 one piece; a segment that is a whole row writes the final output, the others float32 partials.
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
-    (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors;
+    (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors.
+    Its ``kFp8`` variants read a per-tensor fp8 cache at 17-128 query rows (fp8 tiles widened to
+    fp16 in shared memory, the query staged as fp16);
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
     a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
     rows, where decoding is bound by the cache bytes; CTAs of one or more 128-thread warpgroups
@@ -40,8 +42,9 @@ ROWS_PER_CTA = 64  # query rows per CTA (the wgmma M)
 TOKENS_PER_BLOCK = 64  # KV tokens per step: the schedule's block
 THREADS = 256  # two warpgroups
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
-# (16 KB) + row maxima and sums (1 KB) + 18 mbarriers, plus 1 KB so the kernel can align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 4 * 64 * 4 + 18 * 8 + 1024
+# (16 KB) + row maxima, sums and query factors (1.25 KB) + 18 mbarriers, plus 1 KB so the kernel can
+# align the buffer.
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 18 * 8 + 1024
 # Two 64-row groups run as a cluster of two CTAs (one GPC), whose reads of the same blocks then cost
 # L2 less work (H200 sweep: 64 x 4096 x 128 180.2 us vs 193.3 as separate CTAs, 128 x 8192 x 128
 # 632.9 vs 702.3).
@@ -56,7 +59,7 @@ MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
 SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, per, piece rows
 TENSOR_MAP = "const __grid_constant__ CUtensorMap"
-SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int")
+SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int", "const float*")
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int")
 
 FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
@@ -64,6 +67,9 @@ FP8_KERNEL = "mla_decode_fp8_split_kernel"
 FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX_QUERY_ROWS = 16  # one CTA holds every query row (the N of the scores' wgmma, per part)
+# More fp8 query rows go to the wgmma kernel's kFp8 variant, which TMA-loads fp8 tokens of 64 bytes: a
+# box must start on a 128-byte boundary in shared memory, so boxes hold at least two tokens.
+FP8_WIDE_MIN_BOX_ROWS = 2
 FP8_GROUP_THREADS = 128  # one warpgroup
 FP8_MAX_GROUPS = 1024 // FP8_GROUP_THREADS  # warpgroups in a CTA of at most 1024 threads
 
@@ -108,12 +114,13 @@ SWIZZLE_OF_ROW_BYTES = {128: "128B", 64: "64B", 16: "NONE"}  # box row width -> 
 TMA_ELEMENT_TYPES = {torch.bfloat16: "BFLOAT16", torch.float16: "FLOAT16"}  # any other dtype: bytes
 
 
-def encode_tile_map(t: torch.Tensor, box_rows: int, row_bytes: int = 128) -> bytes:
+def encode_tile_map(t: torch.Tensor, box_rows: int, row_bytes: int = 128, swizzle: bool = True) -> bytes:
     """A TMA tensor map (128 bytes, passed to the kernel by value) of cache tensor ``t`` [units, rows, columns]
     (batch rows or pages, their tokens, the latent, rope or scale columns) read in boxes of
     [``row_bytes`` of columns, ``box_rows`` tokens], swizzled as wgmma reads rows of that width
-    (128 or 64 bytes; 16-byte rows are not swizzled). 16-bit tensors are mapped by element, any
-    other dtype (fp8 values, float32 scales) by byte."""
+    (128 or 64 bytes; 16-byte rows are not swizzled), or not at all (``swizzle=False``: fp8 tiles the
+    kernel widens itself). 16-bit tensors are mapped by element, any other dtype (fp8 values, float32
+    scales) by byte."""
     from tilegym.ops.cubin_loader import _check, _driver
 
     drv = _driver()
@@ -130,7 +137,10 @@ def encode_tile_map(t: torch.Tensor, box_rows: int, row_bytes: int = 128) -> byt
             [drv.cuuint32_t(n) for n in (row_bytes // unit, box_rows, 1)],
             [drv.cuuint32_t(1)] * 3,
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLE_OF_ROW_BYTES[row_bytes]}"),
+            getattr(
+                drv.CUtensorMapSwizzle,
+                f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLE_OF_ROW_BYTES[row_bytes] if swizzle else 'NONE'}",
+            ),
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),
@@ -173,12 +183,12 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, pair: bool = False) -> CudaKernel:
-    """The split kernel for ``dtype`` (bf16 or fp16) inputs; ``pair``: the two 64-row groups of a
-    piece as a cluster (PAIR_GROUPS)."""
+def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False) -> CudaKernel:
+    """The wgmma split kernel for ``dtype`` (bf16 or fp16) queries; ``pair``: the two 64-row groups of a
+    piece as a cluster (PAIR_GROUPS); ``fp8``: a per-tensor fp8 cache (else the cache is ``dtype``)."""
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(HEADER, KERNEL, (ctype, 2 if pair else 1), (*pointers, *SPLIT_PARAMS))
+    return CudaKernel(HEADER, KERNEL, (ctype, 2 if pair else 1, int(fp8)), (*pointers, *SPLIT_PARAMS))
 
 
 @functools.cache
@@ -207,7 +217,7 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
-    kernels = [split_kernel(d, pair) for d in C_TYPES for pair in (False, True)]
+    kernels = [split_kernel(d, pair, fp8) for d in C_TYPES for pair in (False, True) for fp8 in (False, True)]
     kernels += [combine_kernel(d) for d in C_TYPES]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
@@ -223,9 +233,11 @@ def _arch_reasons(call: MLADecodeCall) -> list[str]:
     return []
 
 
-def _layout_reasons(call: MLADecodeCall) -> list[str]:
+def _layout_reasons(call: MLADecodeCall, copied: tuple[str, ...] = ("q", "qpe", "kv", "kpe")) -> list[str]:
+    """Rows the wgmma kernel copies in 16-byte chunks (``copied``) that are not 16-byte aligned, and
+    queries too large for its int32 offsets."""
     reasons = []
-    for name in ("q", "qpe", "kv", "kpe"):
+    for name in copied:
         t = getattr(call, name)
         if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
             reasons.append(
@@ -246,12 +258,11 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
     if call.q.dtype not in fp8_query_dtypes(fmt):
         names = ", ".join(str(d) for d in fp8_query_dtypes(fmt))
         return [f"cutlass's {fmt} kernel takes {names} queries, got {call.q.dtype}"]
-    if call.query_rows > FP8_MAX_QUERY_ROWS:
-        return [
-            f"cutlass's {fmt} kernel serves at most {FP8_MAX_QUERY_ROWS} query rows per KV read "
-            f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
-        ]
     reasons = []
+    if call.query_rows > FP8_MAX_QUERY_ROWS:
+        reasons = _fp8_wide_reasons(call)
+        if reasons:
+            return reasons
     copied = {"kv": call.kv, "kpe": call.kpe}  # a per-tensor kv_scale is one float, read as such
     if fmt == FP8_DS_MLA:
         copied = {"kv's values": call.kv, "kv's rope": call.kpe, "kv's scales": call.kv_scale}
@@ -264,10 +275,35 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
     return reasons
 
 
+def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
+    """Why the wgmma kernel's fp8 variant (more than 16 query rows) cannot run ``call``."""
+    rows = f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
+    if call.kv_format != "fp8":
+        return [f"cutlass's {call.kv_format} kernel serves at most {FP8_MAX_QUERY_ROWS} query rows per KV read {rows}"]
+    if call.query_rows > MAX_QUERY_ROWS:
+        return [f"cutlass's fp8 kernels serve at most {MAX_QUERY_ROWS} query rows per KV read {rows}"]
+    if tma_box_rows(call) < FP8_WIDE_MIN_BOX_ROWS:
+        where = f"pages of {call.page_size} tokens" if call.is_paged else f"{call.kv.shape[1]} token per row"
+        return [
+            f"cutlass's fp8 kernel for more than {FP8_MAX_QUERY_ROWS} query rows reads the cache in boxes of "
+            f"{FP8_WIDE_MIN_BOX_ROWS} or more tokens (a 64-byte token alone is not 128-byte aligned in shared "
+            f"memory), got {where}"
+        ]
+    return _layout_reasons(call, copied=("q", "qpe"))  # the cache rows: _fp8_reasons (16-byte rows)
+
+
+def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
+    """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache,
+    else the wgmma kernel (its fp8 variant for more rows of a per-tensor fp8 cache)."""
+    if call.kv_format not in FP8_FORMATS:
+        return split_kernel(call.q.dtype, pair)
+    if call.query_rows <= FP8_MAX_QUERY_ROWS:
+        return fp8_split_kernel(call.q.dtype, call.kv_format)
+    return split_kernel(call.q.dtype, pair, fp8=True)
+
+
 def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
-    split = (
-        fp8_split_kernel(call.q.dtype, call.kv_format) if call.kv_format in FP8_FORMATS else split_kernel(call.q.dtype)
-    )
+    split = _split_kernel_of(call, cdiv(call.query_rows, ROWS_PER_CTA) == PAIR_GROUPS)
     return (("split", split), ("combine", combine_kernel(call.q.dtype)))
 
 
@@ -417,6 +453,10 @@ class CutlassDecodePlan:
     def _cache_strides(self) -> tuple[int, ...]:
         return ()
 
+    def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        """The wgmma kernel's last argument: the per-tensor fp8 scale (0 for a bf16/fp16 cache)."""
+        return (0,)
+
     def _tensor_maps(
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None
     ) -> tuple[bytes | int, ...]:
@@ -467,6 +507,7 @@ class CutlassDecodePlan:
             *self._workspace,
             *self._split_sizes,
             *self._tensor_maps(kv, kpe, kv_scale),
+            *self._scale_pointer(kv_scale),
         )
         self._launch_split(split_args, stream)
         self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
@@ -498,6 +539,9 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     def _shared_bytes(self) -> int:
         return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype)
+
+    def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        return ()  # among the cache pointers
 
     def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         """The per-tensor scale (one float read on the device), and the rope and fp8_ds_mla's scales for
@@ -531,8 +575,32 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         return latent, rope, encode_tile_map(kv_scale, rows, 16) if ds_mla else latent
 
 
+class CutlassFp8WideDecodePlan(CutlassDecodePlan):
+    """A per-tensor fp8 cache at 17-128 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
+    latent and rope in unswizzled 64-byte rows (the kernel widens them) and the scale read on the device."""
+
+    def _split_kernel(self) -> CudaKernel:
+        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True)
+
+    def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        return (kv_scale.data_ptr(),)
+
+    def _encode_maps(
+        self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
+    ) -> tuple[bytes, ...]:
+        misaligned = [hex(t.data_ptr()) for t in (kv, kpe) if t.data_ptr() % CACHE_ALIGN]
+        if misaligned:
+            raise ValueError(
+                f"cutlass's fp8 kernel reads the cache by TMA: kv and kpe must start on {CACHE_ALIGN}-byte "
+                f"boundaries, got addresses {misaligned}"
+            )
+        return encode_tile_map(kv, rows, ROPE_DIM, swizzle=False), encode_tile_map(kpe, rows, ROPE_DIM, swizzle=False)
+
+
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:
     """The cutlass backend's plan for ``call``."""
     if call.kv_format in FP8_FORMATS:
+        if call.query_rows > FP8_MAX_QUERY_ROWS:
+            return CutlassFp8WideDecodePlan(call)
         return CutlassFp8DecodePlan(call)
     return CutlassDecodePlan(call)
