@@ -82,6 +82,11 @@
 
 #include "common.cuh"
 
+// kFp8: fp8 tiles widened per barrier (1 or 2; H200 sweep in benchmarks/NOTES_cutlass.md).
+#ifndef TILEGYM_FP8_WIDEN_TILES
+#define TILEGYM_FP8_WIDEN_TILES 2
+#endif
+
 namespace tilegym_cute {
 
 using namespace cute;
@@ -196,23 +201,33 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
   return y;
 }
 
-// kFp8: tile t of buffer buf, fp8 staging -> the swizzled fp16 tile, by the 128 threads of warpgroup wg
-// (thread wt: 8-byte pieces wt, wt + 128, ...: token u / 8, columns 8 (u % 8) ..; a warp reads 256
-// contiguous bytes and writes four whole 128-byte rows). Ends with the tile visible to wgmma.
-__device__ __forceinline__ void widen_fp8_tile(SharedStorage& smem, int buf, int t, int wg, int wt) {
-  const unsigned char* src = fp8_staging(smem, buf, t);
-  unsigned char* dst = wide_tile(smem, buf, t);
-  uint2 v[4];
+// kFp8: tiles t0 .. t0 + n - 1 of buffer buf (n = 1 or 2 of one side, or the rope), fp8 staging -> the swizzled
+// fp16 tiles, by the 128 threads of warpgroup wg (thread wt: 8-byte pieces wt, wt + 128, ... of each:
+// token u / 8, columns 8 (u % 8) ..; a warp reads 256 contiguous bytes and writes four whole 128-byte
+// rows). All reads are issued before any conversion; one barrier makes the tiles visible to wgmma.
+template <int n>
+__device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, int t0, int wg, int wt) {
+  uint2 v[n][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<const uint2*>(src + (i * 128 + wt) * 8);
-  // A side's last tile (and the rope) overlap their own fp8 bytes: every read before any write.
-  if (t % kLeftTiles == kLeftTiles - 1 || t == 8) asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
+  for (int k = 0; k < n; ++k) {
+    const unsigned char* src = fp8_staging(smem, buf, t0 + k);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int u = i * 128 + wt, token = u >> 3, chunk = u & 7;
-    const uint4 w = make_uint4(e4m3x2_to_f16x2(v[i].x), e4m3x2_to_f16x2(v[i].x >> 16), e4m3x2_to_f16x2(v[i].y),
-                               e4m3x2_to_f16x2(v[i].y >> 16));
-    *reinterpret_cast<uint4*>(dst + token * 128 + ((chunk ^ (token & 7)) << 4)) = w;
+    for (int i = 0; i < 4; ++i) v[k][i] = *reinterpret_cast<const uint2*>(src + (i * 128 + wt) * 8);
+  }
+  // Tile j of a side writes the fp8 bytes of tiles 2j - 4 and 2j - 3: when those are in this group (its
+  // last tile is the side's), or for the rope (its own bytes), every read comes before any write.
+  const int last = t0 + n - 1;
+  if (last % kLeftTiles == kLeftTiles - 1 || last == 8) asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
+#pragma unroll
+  for (int k = 0; k < n; ++k) {
+    unsigned char* dst = wide_tile(smem, buf, t0 + k);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int u = i * 128 + wt, token = u >> 3, chunk = u & 7;
+      const uint4 w = make_uint4(e4m3x2_to_f16x2(v[k][i].x), e4m3x2_to_f16x2(v[k][i].x >> 16),
+                                 e4m3x2_to_f16x2(v[k][i].y), e4m3x2_to_f16x2(v[k][i].y >> 16));
+      *reinterpret_cast<uint4*>(dst + token * 128 + ((chunk ^ (token & 7)) << 4)) = w;
+    }
   }
   fence_async_shared();
   asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
@@ -249,6 +264,10 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   using M = std::conditional_t<kFp8 != 0, __half, T>;  // the matmuls' input type
   using E = typename Types<M>::E;
   constexpr int kRowBytes = kFp8 ? 64 : 128;  // bytes per token of a tile as TMA writes it
+  // Tiles scored per wait: one (each tile's matmuls start as it lands); kFp8: TILEGYM_FP8_WIDEN_TILES,
+  // widened together under one barrier.
+  constexpr int kGroup = kFp8 ? TILEGYM_FP8_WIDEN_TILES : 1;
+  static_assert(kGroup == 1 || kGroup == 2, "a side's 4 tiles go in groups of 1 or 2");
 
   // The swizzled layouts need 1 KB alignment: the launch asks for sizeof(SharedStorage) + 1 KB.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -488,12 +507,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         auto tSrKpe = thr_s_rope.partition_fragment_B(sKpe);
         mma_s.accumulate_ = GMMA::ScaleOut::Zero;
         mma_s_rope.accumulate_ = GMMA::ScaleOut::One;
-        auto score_tile = [&](auto tile) {
+        auto gemm_tile = [&](auto tile) {
           constexpr int t = decltype(tile)::value;
-          mbar_wait(&smem.full[buf][t], parity[buf]);  // TMA wrote through the async proxy, as wgmma reads
-          if constexpr (kFp8 != 0) widen_fp8_tile(smem, buf, t, wg, wt);
-          warpgroup_fence_operand(acc_s);
-          warpgroup_arrive();
           if constexpr (t < 8) {
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
@@ -506,17 +521,34 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
             for (int s = 0; s < 4; ++s)
               gemm(mma_s_rope, rQpe(_, _, s), tSrKpe(_, _, s), acc_s);
           }
+        };
+        // Tiles first .. first + count - 1: wait until they have landed (TMA writes through the async
+        // proxy, as wgmma reads), widen them (kFp8), issue their matmuls.
+        auto score_tiles = [&](auto first, auto count) {
+          constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
+#pragma unroll
+          for (int k = 0; k < n; ++k) mbar_wait(&smem.full[buf][t0 + k], parity[buf]);
+          if constexpr (kFp8 != 0) widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
+          warpgroup_fence_operand(acc_s);
+          warpgroup_arrive();
+          gemm_tile(Int<t0>{});
+          if constexpr (n > 1) gemm_tile(Int<t0 + 1>{});
           warpgroup_commit_batch();
         };
+        auto score_side = [&](auto first) {  // tiles first .. first + 3, kGroup at a time
+          constexpr int s = decltype(first)::value;
+          if constexpr (kGroup == 1) {
+            score_tiles(Int<s>{}, _1{}), score_tiles(Int<s + 1>{}, _1{});
+            score_tiles(Int<s + 2>{}, _1{}), score_tiles(Int<s + 3>{}, _1{});
+          } else {
+            score_tiles(Int<s>{}, _2{}), score_tiles(Int<s + 2>{}, _2{});
+          }
+        };
         if (wg == 0) {
-          score_tile(Int<0>{}), score_tile(Int<1>{}), score_tile(Int<2>{}), score_tile(Int<3>{});
-          score_tile(Int<4>{}), score_tile(Int<5>{}), score_tile(Int<6>{}), score_tile(Int<7>{});
-          score_tile(Int<8>{});
+          score_side(Int<0>{}), score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{});
           bar_arrive(kBarScoresA);
         } else {
-          score_tile(Int<4>{}), score_tile(Int<5>{}), score_tile(Int<6>{}), score_tile(Int<7>{});
-          score_tile(Int<8>{});
-          score_tile(Int<0>{}), score_tile(Int<1>{}), score_tile(Int<2>{}), score_tile(Int<3>{});
+          score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{}), score_side(Int<0>{});
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
