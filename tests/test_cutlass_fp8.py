@@ -1,5 +1,6 @@
 """The cutlass backend's fp8 kernel (``mla_decoding_split_kv_fp8.cuh``, mma.sync): the per-tensor
-``fp8`` cache and DeepSeek's 656-byte ``fp8_ds_mla`` tokens at up to 16 query rows.
+``fp8`` cache and DeepSeek's 656-byte ``fp8_ds_mla`` tokens at up to 16 query rows; and (last
+section) the wgmma kernel's fp8 variant, which takes a per-tensor fp8 cache at 17-128 query rows.
 
 CPU: what ``supports()`` says about what the kernel does not take. GPU (H100/H200): parity with
 float64 on fresh random inputs (the seed is in the message): 16 and 8 heads, 1 and 2 new tokens
