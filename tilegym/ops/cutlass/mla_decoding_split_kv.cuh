@@ -523,12 +523,17 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           }
         };
         // Tiles first .. first + count - 1: wait until they have landed (TMA writes through the async
-        // proxy, as wgmma reads), widen them (kFp8), issue their matmuls.
-        auto score_tiles = [&](auto first, auto count) {
+        // proxy, as wgmma reads) and widen them (kFp8).
+        auto land_tiles = [&](auto first, auto count) {
           constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
 #pragma unroll
           for (int k = 0; k < n; ++k) mbar_wait(&smem.full[buf][t0 + k], parity[buf]);
           if constexpr (kFp8 != 0) widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
+        };
+        // The same, then their matmuls.
+        auto score_tiles = [&](auto first, auto count) {
+          constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
+          land_tiles(first, count);
           warpgroup_fence_operand(acc_s);
           warpgroup_arrive();
           gemm_tile(Int<t0>{});
@@ -547,6 +552,21 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         if (wg == 0) {
           score_side(Int<0>{}), score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{});
           bar_arrive(kBarScoresA);
+        } else if constexpr (kFp8 != 0) {
+          // WG1 widens block B while WG0 widens and scores block A, then issues all of S_B once WG0 has
+          // issued S_A (waiting before the widening would serialise the two blocks' widening).
+          auto land_side = [&](auto first) {  // tiles first .. first + 3, kGroup at a time
+            constexpr int s = decltype(first)::value;
+            land_tiles(Int<s>{}, Int<kGroup>{}), land_tiles(Int<s + kGroup>{}, Int<kGroup>{});
+            if constexpr (kGroup == 1) land_tiles(Int<s + 2>{}, _1{}), land_tiles(Int<s + 3>{}, _1{});
+          };
+          land_side(Int<kLeftTiles>{}), land_tiles(Int<8>{}, _1{}), land_side(Int<0>{});
+          bar_wait(kBarScoresA);
+          warpgroup_fence_operand(acc_s);
+          warpgroup_arrive();
+          gemm_tile(Int<4>{}), gemm_tile(Int<5>{}), gemm_tile(Int<6>{}), gemm_tile(Int<7>{}), gemm_tile(Int<8>{});
+          gemm_tile(Int<0>{}), gemm_tile(Int<1>{}), gemm_tile(Int<2>{}), gemm_tile(Int<3>{});
+          warpgroup_commit_batch();
         } else {
           score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{}), score_side(Int<0>{});
         }
@@ -571,7 +591,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       };
       // WG1 issues S_B after WG0 has issued S_A, so S_A finishes first (its softmax then overlaps S_B)
       // and block B's tiles, refilled last in the previous step, get S_A's time to land.
-      if (wg == 1) bar_wait(kBarScoresA);
+      // (kFp8: WG1 waits inside score_block, after widening block B.)
+      if (wg == 1 && (kFp8 == 0 || !has_b)) bar_wait(kBarScoresA);
       if (wg == 0 || has_b) score_block();
 
       // Helpers of both warpgroups: O (this warpgroup's half) += P . V_half of buffer buf, with P from
