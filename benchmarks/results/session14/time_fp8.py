@@ -1,8 +1,12 @@
-"""Time cutlass's fp8 wgmma variant on the bench's shapes and inputs (error printed, never a failure:
-the no-widening build is a timing diagnostic). Run from a tree: PYTHONPATH=. python3 ../time_fp8.py TREE."""
+"""Session 14's timing script for the A/B calls 4 and 7 (kept with their logs): cutlass on the fp8
+`many-heads` and `mtp` shapes with the bench's inputs, CUDA-graph replay, the error printed but never a
+failure (call 4's no-widening build is a timing diagnostic). Run from the root of the tree to time,
+e.g. `PYTHONPATH=. python3 <path to this file> LABEL`; it prints one markdown row."""
 
 import sys
+
 import torch
+
 from tilegym import bench
 from tilegym.ops.mla_decoding import SUITES
 from tilegym.timing import time_calls
