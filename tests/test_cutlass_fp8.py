@@ -53,6 +53,16 @@ def test_more_than_16_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only(
     assert len(reasons) == 1 and "fp8_ds_mla kernel serves at most 16 query rows" in reasons[0], reasons
 
 
+def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
+    """The wgmma kernel's fp8 variant stages the query with 16-byte copies (the fp8 kernel at up to
+    16 rows reads unaligned queries element by element)."""
+    x = make_mla_inputs(2, 64, 64, kv_dtype=FP8)
+    q = torch.zeros(*x.q.shape[:-1], x.q.shape[-1] + 1, dtype=x.q.dtype)[..., 1:]  # 2 bytes off
+    q.copy_(x.q)
+    reasons = cutlass_mla.supports(validate_mla_decoding(q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale))
+    assert len(reasons) == 1 and reasons[0].startswith("cutlass needs q rows on 16-byte boundaries"), reasons
+
+
 def test_more_than_16_query_rows_refuse_pages_of_one_token() -> None:
     """The wgmma kernel's fp8 variant TMA-loads boxes of 64-byte tokens that must start on 128-byte
     boundaries: pages of 1 token (boxes of 1) are refused, pages of 2 taken."""
