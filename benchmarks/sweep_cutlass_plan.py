@@ -10,7 +10,9 @@ and float64 check) once per variant, and prints a markdown table with the same-r
 ``box64`` ... ``box8``, tokens per TMA box (a 64-token block as one box per 64-column tile, or as 2-8
 boxes, which changes the order in which the block's bytes are asked of memory). Run
 from an older tree (``PYTHONPATH=.ab/REF``, see ``ab_build.sh``) it times that tree's plan as built.
-Kernel times move by several percent between device calls: compare variants within one call only.
+``--timed-if-wrong`` times a build whose float64 check fails too (a diagnostic build, e.g. one
+that skips the fp8 widening), marking it WRONG. Kernel times move by several percent between device
+calls: compare variants within one call only.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ VARIANTS = {
 }
 
 
-def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, variant: str) -> str:
-    """The cutlass plan's graph-replay time with ``variant``'s attributes ("as built": none)."""
+def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, variant: str, timed_if_wrong: bool = False) -> str:
+    """The cutlass plan's graph-replay time with ``variant``'s attributes ("as built": none); a wrong
+    result is reported instead of timed unless ``timed_if_wrong`` (diagnostic builds)."""
     cls = cutlass_mla.CutlassDecodePlan
     saved = {name: cls.__dict__[name] for name in VARIANTS.get(variant, {})}
     for name, value in VARIANTS.get(variant, {}).items():
@@ -64,12 +67,13 @@ def time_variant(data: bench.ShapeData, cfg: bench.BenchConfig, variant: str) ->
             setattr(cls, name, value)
     tolerance = bench.error_tolerance("cutlass", cfg.dtype, cfg.kv_format)
     err, problem = bench.check_result(bench.planned_call(plan, data, 0), data, tolerance)
-    if problem:
+    if problem and not timed_if_wrong:
         return f"FAILED: {problem}"
     calls = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
     timing = time_calls(calls, cfg.device, warmup=cfg.warmup, repeat=cfg.repeat, use_graph=True)
     mode = "" if timing.mode == "cuda-graph" else f" [{timing.mode}]"
-    return f"{timing.median_us:.1f} us (err {err:.1e}){mode}"
+    wrong = " WRONG" if problem else ""
+    return f"{timing.median_us:.1f} us (err {err:.1e}{wrong}){mode}"
 
 
 def main() -> None:
@@ -77,6 +81,9 @@ def main() -> None:
     parser.add_argument("--specs", default="mtp,many-heads,quantized+fp8,quantized+fp8_ds_mla")
     parser.add_argument("--variants", default="early,ordinary")
     parser.add_argument("--tree", default="this tree", help="a label for the table")
+    parser.add_argument(
+        "--timed-if-wrong", action="store_true", help="time variants whose check fails (diagnostic builds)"
+    )
     args = parser.parse_args()
     variants = args.variants.split(",") if hasattr(cutlass_mla.CutlassDecodePlan, "_box_rows") else ["as built"]
     ceilings = bench.measure_ceilings(torch.device("cuda"))
@@ -91,7 +98,7 @@ def main() -> None:
             data = bench.make_shape_data(shape, cfg)
             if bench.unsupported_reasons("cutlass", data, None):
                 continue
-            cells = [time_variant(data, cfg, variant) for variant in variants]
+            cells = [time_variant(data, cfg, variant, args.timed_if_wrong) for variant in variants]
             print(f"| {spec} | {shape.label} | " + " | ".join(cells) + " |", flush=True)
             del data
             torch.cuda.empty_cache()
