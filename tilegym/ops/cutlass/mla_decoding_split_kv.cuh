@@ -34,10 +34,14 @@
 //   S_B's matmuls queue behind S_A's, so S_A ends first and its softmax overlaps S_B, and block B's
 //   tiles (refilled last) get S_A's time to land; P_B goes out before P_A V_A,R is done, and WG0
 //   rewrites P_A's shared copy only after "P_A free" (same-call A/B: 3-6% off at 128 heads).
+//   A warpgroup writes its P to shared memory with stmatrix (four 8x8 matrices per instruction; 5-7%
+//   faster with an fp8 cache than 32-bit stores, 1-2% with bf16, and fewer spills).
 //   Each warpgroup sums the probabilities it computed; the two sums are added at the segment's end.
 // Loads: TMA boxes of [box_rows tokens, 64 columns] per tile, one mbarrier per (buffer, tile)
-// counting the bytes; the score matmuls wait tile by tile (WG1 starts at tile 4, the half it refills
-// itself). A dense row's block is one box per tile; a paged cache's block is one box per page part
+// counting the bytes; the score matmuls wait tile by tile, in tile order (with bf16, WG1 starting at
+// tile 4, the half it refills itself, was 0-2% slower in same-call A/Bs; issuing each refill after the
+// next matmul instead of before it was 40-50% slower: a load issued late is a load waited for).
+// A dense row's block is one box per tile; a paged cache's block is one box per page part
 // (box_rows = gcd(page_size, 64): 64 boxes of one token for pages of one token). Boxes wholly past
 // the row's length are not loaded; V rows past the length in a partial block are zeroed in shared
 // memory (the cache may hold NaN there), their scores masked.
@@ -571,7 +575,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           gemm_tile(Int<0>{}), gemm_tile(Int<1>{}), gemm_tile(Int<2>{}), gemm_tile(Int<3>{});
           warpgroup_commit_batch();
         } else {
-          score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{}), score_side(Int<0>{});
+          score_side(Int<0>{}), score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{});
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
@@ -637,7 +641,18 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           p[i + 1] = fast_exp2(p[i + 1] - safe[k]);
           l[k] += p[i] + p[i + 1];
           rP32[i / 2] = Types<M>::pack(p[i], p[i + 1]);
-          *reinterpret_cast<uint32_t*>(smem.p[buf] + narrow_offset(my_row0 + 8 * k, acc_col(i, wt))) = rP32[i / 2];
+        }
+        // rP32[2 j + h] holds rows my_row0 + 8 h, columns 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices
+        // of stmatrix. Four of them per instruction (column groups 2 q, 2 q + 1, both row halves); lane l
+        // gives the address of row l % 8 of matrix l / 8.
+        const int lane = wt & 31;
+        const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t addr = shared_address(smem.p[buf] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
+          asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                       "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
+                       : "memory");
         }
         fence_async_shared();
       };
