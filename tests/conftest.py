@@ -38,14 +38,15 @@ def _use_nvcc(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
 
 @pytest.fixture
 def fake_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., FakeNvcc]]:
-    """``make(release, payload=FAKE_CUBIN)``: point TILEGYM_NVCC at a fake nvcc of that CUDA release."""
+    """``make(release, payload=FAKE_CUBIN, stderr="")``: point TILEGYM_NVCC at a fake nvcc of that CUDA
+    release, which prints ``stderr`` when it compiles."""
     from tilegym.ops import cubin_loader
 
     folder = tmp_path / "fake-nvcc"
     folder.mkdir()
 
-    def make(release: str, payload: bytes = FAKE_CUBIN) -> FakeNvcc:
-        tool = write_fake_nvcc(folder, release, payload)
+    def make(release: str, payload: bytes = FAKE_CUBIN, stderr: str = "") -> FakeNvcc:
+        tool = write_fake_nvcc(folder, release, payload, stderr)
         _use_nvcc(monkeypatch, tool.path)
         return tool
 

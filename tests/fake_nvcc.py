@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,8 @@ class FakeNvcc:
         return len(self.log.read_text().splitlines()) if self.log.exists() else 0
 
 
-def write_fake_nvcc(folder: Path, release: str, payload: bytes) -> FakeNvcc:
+def write_fake_nvcc(folder: Path, release: str, payload: bytes, stderr: str = "") -> FakeNvcc:
+    """``stderr``: what the fake prints on stderr when it compiles (ptxas's diagnostics)."""
     tool = FakeNvcc(folder / f"nvcc-{release}", folder / f"payload-{release}", folder / f"compiles-{release}.log")
     tool.payload.write_bytes(payload)
     tool.path.write_text(
@@ -38,6 +40,7 @@ def write_fake_nvcc(folder: Path, release: str, payload: bytes) -> FakeNvcc:
         f'echo "$@" >> {tool.log}\n'
         'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then out="$2"; fi; shift; done\n'
         f'cat {tool.payload} > "$out"\n'
+        + (f"printf '%s\\n' {shlex.quote(stderr)} >&2\n" if stderr else "")
     )
     tool.path.chmod(0o755)
     return tool

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,6 +64,29 @@ def test_a_build_stores_the_cubin_with_a_sha256sum_hash_file(tiny_dir: Path, fak
         check = subprocess.run(["sha256sum", "-c", cubin.name + ".sha256"], cwd=cubin.parent)
         assert check.returncode == 0
     assert "-nvcc13.5-" in cubin.name
+
+
+SERIALIZED = (
+    "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+    "program dependence on compiler-inserted WG.DP in divergent path in the function 'tiny'"
+)
+
+
+def test_a_build_ptxas_reports_as_slow_warns_and_keeps_the_cubin(tiny_dir: Path, fake_nvcc) -> None:
+    fake_nvcc("13.5", stderr=SERIALIZED)
+    kernel = tiny_kernel(tiny_dir)
+    with pytest.warns(loader.KernelPerformanceWarning, match=r"C7518.*serialized") as caught:
+        cubin = kernel.compile("sm_90")
+    assert kernel.instance_name in str(caught[0].message)
+    assert cubin.read_bytes() == FAKE_CUBIN and loader.cubin_problem(cubin) is None
+
+
+def test_a_clean_build_and_a_cache_hit_do_not_warn(tiny_dir: Path, fake_nvcc) -> None:
+    fake_nvcc("13.5", stderr="ptxas info    : Used 40 registers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", loader.KernelPerformanceWarning)
+        first = tiny_kernel(tiny_dir).compile("sm_90")
+        assert tiny_kernel(tiny_dir).compile("sm_90") == first
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS)

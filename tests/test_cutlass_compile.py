@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,12 @@ def _fresh(kernel: loader.CudaKernel) -> loader.CudaKernel:
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_every_variant_compiles_for_sm90a(cache: Path, name: str) -> None:
+def test_every_variant_compiles_for_sm90a_without_a_ptxas_performance_loss(cache: Path, name: str) -> None:
     kernel = _fresh(KERNELS[name])
-    cubin = kernel.compile("sm_90")
+    with warnings.catch_warnings():
+        # e.g. wgmma serialised by ptxas (C7518): a correct cubin that runs 35-75% slower (session 15).
+        warnings.simplefilter("error", loader.KernelPerformanceWarning)
+        cubin = kernel.compile("sm_90")
     assert cubin.parent == cache / "sm_90a"
     image = cubin.read_bytes()
     assert image.startswith(b"\x7fELF")

@@ -55,6 +55,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,16 @@ class UnsupportedArchError(TileCppError, ValueError):
 
 class CudaDriverError(TileCppError):
     """A CUDA driver call failed; the message names the call and the CUresult."""
+
+
+class KernelPerformanceWarning(UserWarning):
+    """ptxas built the kernel but reports a performance loss (e.g. wgmma serialised): the cubin is
+    correct and kept, but it may run far slower than its source intends."""
+
+
+# ptxas's own words for a build that works but loses speed, e.g. "(C7518) Potential Performance Loss:
+# wgmma.mma_async instructions are serialized due to ..." (printed without -v).
+_PERFORMANCE_LOSS = "Potential Performance Loss"
 
 
 # ----------------------------------------------------------------------------- languages
@@ -840,6 +851,17 @@ class CubinKernel:
             _store(final, built, image)
         finally:
             built.unlink(missing_ok=True)
+        self._warn_on_performance_loss(output.text, arch)
+
+    def _warn_on_performance_loss(self, compiler_text: str, arch: str) -> None:
+        losses = [line.strip() for line in compiler_text.splitlines() if _PERFORMANCE_LOSS in line]
+        if losses:
+            warnings.warn(
+                f"ptxas reports a performance loss in {self.instance_name} ({self.target_arch(arch)}):\n"
+                + "\n".join(losses),
+                KernelPerformanceWarning,
+                stacklevel=4,
+            )
 
     def _built_image_problem(self, image: bytes) -> str | None:
         if not image.startswith(b"\x7fELF"):
