@@ -39,8 +39,7 @@ def write_fake_nvcc(folder: Path, release: str, payload: bytes, stderr: str = ""
         f"if [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release {release}, V{release}.0'; exit 0; fi\n"
         f'echo "$@" >> {tool.log}\n'
         'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then out="$2"; fi; shift; done\n'
-        f'cat {tool.payload} > "$out"\n'
-        + (f"printf '%s\\n' {shlex.quote(stderr)} >&2\n" if stderr else "")
+        f'cat {tool.payload} > "$out"\n' + (f"printf '%s\\n' {shlex.quote(stderr)} >&2\n" if stderr else "")
     )
     tool.path.chmod(0o755)
     return tool
