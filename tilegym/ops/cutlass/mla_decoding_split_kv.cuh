@@ -20,7 +20,7 @@
 //   Every shared tile is in the 128-byte-swizzled layout wgmma reads; the KV tiles are read both as
 //   K [64 tokens, 512] (K-major, S = Q K^T) and as V^T [512, 64 tokens] (MN-major, O += P V).
 // Per step, warpgroup 0 (owns O_L = output columns 0..255) and warpgroup 1 (O_R = 256..511), m the
-// running row max (log2 units), "->" a named barrier to the other warpgroup:
+// running row max (log2 units), "->" a named barrier to the other warpgroup. bf16/fp16 caches:
 //   WG0  S_A = Q K_A^T (wgmma 64x64x16, 36 k-steps; the rope k-steps from registers) -> (issued);
 //        m_A = max(m, rowmax S_A); P_A = exp2(S_A - m_A) -> (m_A, P_A); O_L, l *= exp2(m - m_A);
 //        O_L += P_A V_A,L (P_A from registers); refill buffer 0's tiles 0..3;
@@ -37,6 +37,21 @@
 //   A warpgroup writes its P to shared memory with stmatrix (four 8x8 matrices per instruction; 5-7%
 //   faster with an fp8 cache than 32-bit stores, 1-2% with bf16, and fewer spills).
 //   Each warpgroup sums the probabilities it computed; the two sums are added at the segment's end.
+// fp8 caches (kFp8) take another order, whose P V matmuls free buffer 0 later but whose score
+// matmuls (and their widening) overlap the step's last P V (same-call A/B: 7-8% faster with fp8 at
+// 64-128 heads, 2-9% slower with bf16). Each warpgroup enters a step with its block's S computed:
+//   WG0  m_A = max(m, rowmax S_A) -> (m_A); P_A = exp2(S_A - m_A); O_L, l *= exp2(m - m_A);
+//        O_L += P_A V_A,L; refill buffer 0's tiles 0..3; (m_B) ->; P_A * exp2(m_A - m_B) -> shared
+//        memory -> (P_A); (P_B, P_A V_A,R issued) ->; O_L, l *= exp2(m_A - m_B); O_L += P_B V_B,L;
+//        issue the next S_A's tiles 0..3; once P_B V_B,L is done, refill buffer 1's tiles 0..3;
+//        issue the next S_A's tiles 4..8.
+//   WG1  (m_A) ->; m_B = max(m_A, rowmax S_B) -> (m_B); O_R, l *= exp2(m - m_B); P_B -> registers and
+//        shared memory; O_R += P_B V_B,R; (P_A) ->; O_R += P_A V_A,R -> (P_B, P_A V_A,R issued); once
+//        P_B V_B,R is done, refill buffer 1's tiles 4..8; once P_A V_A,R is done, refill buffer 0's
+//        tiles 4..8; issue the next S_B (tiles 4..8, then 0..3).
+//   There the probabilities live in the score accumulator's registers, and a warpgroup without a next
+//   block issues one zeroing k-step instead of its next S, so that ptxas never sees the accumulator
+//   written by other instructions inside a wgmma pipeline stage (it would serialise the matmuls, C7515).
 // Loads: TMA boxes of [box_rows tokens, 64 columns] per tile, one mbarrier per (buffer, tile)
 // counting the bytes; the score matmuls wait tile by tile, in tile order (with bf16, WG1 starting at
 // tile 4, the half it refills itself, was 0-2% slower in same-call A/Bs; issuing each refill after the
@@ -63,8 +78,7 @@
 // query is staged as fp16: a bf16 row is scaled by a power of two that puts its largest element in
 // [2^14, 2^15) (exact unless an element is 2^24 below it), whose inverse, times the cache's scale,
 // goes into the row's score scale; the output is multiplied by the cache's scale once. Tiles are
-// widened two per barrier, and WG1 widens block B before it waits for WG0's S_A issue (waiting first
-// would serialise the two blocks' widening; same-call A/B: 7-10% faster). Traffic per CTA as below
+// widened two per barrier by the warpgroup that scores them, as they land. Traffic per CTA as below
 // with the cache read as L * 576 * 1 B; shared memory gains the widening: 36 KB read and 72 KB
 // written per block.
 //
@@ -110,6 +124,9 @@ inline constexpr int kBarMaxA = 1;  // WG0 -> WG1: m_A and P_A
 inline constexpr int kBarMaxB = 2;  // WG1 -> WG0: m_B and P_B (and P_A's buffer is free)
 inline constexpr int kBarScoresA = 3;  // WG0 -> WG1: S_A's matmuls are issued
 inline constexpr int kBarPAFree = 6;   // WG1 -> WG0: P_A V_A,R is done, P_A's shared copy may be rewritten
+// kFp8's step order: P_A is published scaled to m_B, and P_A V_A,R comes after WG1's own P_B V_B,R.
+inline constexpr int kBarPAReady = 7;     // WG0 -> WG1: P_A (relative to m_B) is in shared memory
+inline constexpr int kBarPVARIssued = 8;  // WG1 -> WG0: P_B is in shared memory and P_A V_A,R issued
 
 // The input type's CuTe element type and its wgmma atoms (CuTe picks the instruction from the
 // element types, tile shape and operand majors): scores S = Q K^T (64x64x16, Q from shared memory;
@@ -498,158 +515,117 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
     }
     clear(acc_o);
 
-    for (int blk_a = first_blk; blk_a < end_blk; blk_a += 2) {
-      const int blk_b = blk_a + 1;
-      const bool has_b = blk_b < end_blk;
-      const int buf = wg;  // the buffer whose block this warpgroup scores
-      const int my_blk = wg == 0 ? blk_a : blk_b;
-      float p[32];  // this warpgroup's probabilities (float), accumulator order
-      float row_max[2];
-
-      // S = Q K^T over this warpgroup's block, tile by tile as the tiles land; scaled, masked, row maxima.
-      auto score_block = [&]() __attribute__((always_inline)) {
-        Tensor sK = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileK<E>{});
-        Tensor sKpe = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kpe[buf])), NarrowK<E>{});
-        auto tSrK = thr_s.partition_fragment_B(sK);
-        auto tSrKpe = thr_s_rope.partition_fragment_B(sKpe);
-        mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-        mma_s_rope.accumulate_ = GMMA::ScaleOut::One;
-        auto gemm_tile = [&](auto tile) {
-          constexpr int t = decltype(tile)::value;
-          if constexpr (t < 8) {
+    if constexpr (kFp8 != 0) {
+      // fp8 caches: the step order of the header's second table.
+      // Score matmuls S += Q K^T of this warpgroup's buffer (buf = wg: WG0 scores blocks A, WG1 blocks B).
+      const int buf = wg;
+      auto gemm_tile = [&](auto tile) __attribute__((always_inline)) {
+        constexpr int t = decltype(tile)::value;
+        if constexpr (t < 8) {
+          Tensor sK = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileK<E>{});
+          auto tSrK = thr_s.partition_fragment_B(sK);
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-              gemm(mma_s, tSrQ(_, _, 4 * t + s), tSrK(_, _, 4 * t + s), acc_s);
-              mma_s.accumulate_ = GMMA::ScaleOut::One;
-            }
-          } else {
-            warpgroup_fence_operand(rQpe);
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-              gemm(mma_s_rope, rQpe(_, _, s), tSrKpe(_, _, s), acc_s);
+          for (int s = 0; s < 4; ++s) {
+            gemm(mma_s, tSrQ(_, _, 4 * t + s), tSrK(_, _, 4 * t + s), acc_s);
+            mma_s.accumulate_ = GMMA::ScaleOut::One;
           }
-        };
-        // Tiles first .. first + count - 1: wait until they have landed (TMA writes through the async
-        // proxy, as wgmma reads) and widen them (kFp8).
-        auto land_tiles = [&](auto first, auto count) {
-          constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
-#pragma unroll
-          for (int k = 0; k < n; ++k) mbar_wait(&smem.full[buf][t0 + k], parity[buf]);
-          if constexpr (kFp8 != 0) widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
-        };
-        // The same, then their matmuls.
-        auto score_tiles = [&](auto first, auto count) {
-          constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
-          land_tiles(first, count);
-          warpgroup_fence_operand(acc_s);
-          warpgroup_arrive();
-          gemm_tile(Int<t0>{});
-          if constexpr (n > 1) gemm_tile(Int<t0 + 1>{});
-          warpgroup_commit_batch();
-        };
-        auto score_side = [&](auto first) {  // tiles first .. first + 3, kGroup at a time
-          constexpr int s = decltype(first)::value;
-          if constexpr (kGroup == 1) {
-            score_tiles(Int<s>{}, _1{}), score_tiles(Int<s + 1>{}, _1{});
-            score_tiles(Int<s + 2>{}, _1{}), score_tiles(Int<s + 3>{}, _1{});
-          } else {
-            score_tiles(Int<s>{}, _2{}), score_tiles(Int<s + 2>{}, _2{});
-          }
-        };
-        if (wg == 0) {
-          score_side(Int<0>{}), score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{});
-          bar_arrive(kBarScoresA);
-        } else if constexpr (kFp8 != 0) {
-          // WG1 widens block B while WG0 widens and scores block A, then issues all of S_B once WG0 has
-          // issued S_A (waiting before the widening would serialise the two blocks' widening).
-          auto land_side = [&](auto first) {  // tiles first .. first + 3, kGroup at a time
-            constexpr int s = decltype(first)::value;
-            land_tiles(Int<s>{}, Int<kGroup>{}), land_tiles(Int<s + kGroup>{}, Int<kGroup>{});
-            if constexpr (kGroup == 1) land_tiles(Int<s + 2>{}, _1{}), land_tiles(Int<s + 3>{}, _1{});
-          };
-          land_side(Int<kLeftTiles>{}), land_tiles(Int<8>{}, _1{}), land_side(Int<0>{});
-          bar_wait(kBarScoresA);
-          warpgroup_fence_operand(acc_s);
-          warpgroup_arrive();
-          gemm_tile(Int<4>{}), gemm_tile(Int<5>{}), gemm_tile(Int<6>{}), gemm_tile(Int<7>{}), gemm_tile(Int<8>{});
-          gemm_tile(Int<0>{}), gemm_tile(Int<1>{}), gemm_tile(Int<2>{}), gemm_tile(Int<3>{});
-          warpgroup_commit_batch();
         } else {
-          score_side(Int<0>{}), score_side(Int<kLeftTiles>{}), score_tiles(Int<8>{}, _1{});
+          Tensor sKpe = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kpe[buf])), NarrowK<E>{});
+          auto tSrKpe = thr_s_rope.partition_fragment_B(sKpe);
+          warpgroup_fence_operand(rQpe);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) gemm(mma_s_rope, rQpe(_, _, s), tSrKpe(_, _, s), acc_s);
         }
+      };
+      // Tiles first .. first + count - 1 of the block in phase ph: wait until they have landed (TMA writes
+      // through the async proxy, as wgmma reads), widen them, issue their matmuls as one commit group.
+      auto score_tiles = [&](auto first, auto count, int ph) __attribute__((always_inline)) {
+        constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
+#pragma unroll
+        for (int k = 0; k < n; ++k) mbar_wait(&smem.full[buf][t0 + k], ph);
+        widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
+        warpgroup_fence_operand(acc_s);
+        warpgroup_arrive();
+        gemm_tile(Int<t0>{});
+        if constexpr (n > 1) gemm_tile(Int<t0 + 1>{});
+        warpgroup_commit_batch();
+      };
+      constexpr int kSideGroups = kLeftTiles / kGroup;  // commit groups of one side's latent tiles
+      auto score_side = [&](auto first, int ph) __attribute__((always_inline)) {  // tiles first .. first + 3
+        constexpr int s = decltype(first)::value;
+        if constexpr (kGroup == 1) {
+          score_tiles(Int<s>{}, _1{}, ph), score_tiles(Int<s + 1>{}, _1{}, ph);
+          score_tiles(Int<s + 2>{}, _1{}, ph), score_tiles(Int<s + 3>{}, _1{}, ph);
+        } else {
+          score_tiles(Int<s>{}, _2{}, ph), score_tiles(Int<s + 2>{}, _2{}, ph);
+        }
+      };
+      auto start_scores = [&]() __attribute__((always_inline)) {
+        mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first latent tile starts S (the rope never comes first)
+        mma_s_rope.accumulate_ = GMMA::ScaleOut::One;
+      };
+      // WG1's block in its refill order: the right side and the rope (refilled after P_B V_B,R), then the
+      // left side (refilled by WG0 after P_B V_B,L, the step's last P V).
+      auto score_b = [&](int ph) __attribute__((always_inline)) {
+        start_scores();
+        score_side(Int<kLeftTiles>{}, ph), score_tiles(Int<8>{}, _1{}, ph), score_side(Int<0>{}, ph);
+      };
+      // Where a warpgroup has no next block: one zeroing k-step on whatever the buffer holds, and empty
+      // groups up to a side's count, so that on every path acc_s is last written by a wgmma when the
+      // step's final wait comes (a non-wgmma definition there makes ptxas serialise the matmuls, C7515).
+      auto score_nothing = [&]() __attribute__((always_inline)) {
+        Tensor sK = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileK<E>{});
+        auto tSrK = thr_s.partition_fragment_B(sK);
+        warpgroup_fence_operand(acc_s);
+        warpgroup_arrive();
+        mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+        gemm(mma_s, tSrQ(_, _, 0), tSrK(_, _, 0), acc_s);
+#pragma unroll
+        for (int g = 0; g < kSideGroups; ++g) warpgroup_commit_batch();
+      };
+      auto finish_scores = [&]() __attribute__((always_inline)) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(rQpe);
-        // Scale and mask.
-        const int pos0 = my_blk * kTokens;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int pos = pos0 + acc_col(i, wt);
-          p[i] = pos < limit[row_half(i)] ? acc_s(i) * score_scale[row_half(i)] : -INFINITY;
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int i = 2 * k; i < 32; i += 4) mx = fmaxf(mx, fmaxf(p[i], p[i + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-          row_max[k] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        }
+        warpgroup_fence_operand(acc_o);
       };
-      // WG1 issues S_B after WG0 has issued S_A, so S_A finishes first (its softmax then overlaps S_B)
-      // and block B's tiles, refilled last in the previous step, get S_A's time to land.
-      // (kFp8: WG1 waits inside score_block, after widening block B.)
-      if (wg == 1 && (kFp8 == 0 || !has_b)) bar_wait(kBarScoresA);
-      if (wg == 0 || has_b) score_block();
 
-      // Helpers of both warpgroups: O (this warpgroup's half) += P . V_half of buffer buf, with P from
-      // registers (rP) or from shared memory (smem.p[src]).
-      auto pv_local = [&](int buf) __attribute__((always_inline)) {
-        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
+      // O (this warpgroup's half) += P . V_half of buffer b, with P from registers (rP) or from shared
+      // memory (smem.p[b]).
+      auto pv_local = [&](int b) __attribute__((always_inline)) {
+        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[b])), TileMN<E>{});
         auto tOrV = thr_local.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
         warpgroup_fence_operand(rP);
         warpgroup_fence_operand(acc_o);
         warpgroup_arrive();
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-          gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
+        for (int s = 0; s < 4; ++s) gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
         warpgroup_commit_batch();
       };
-      auto pv_remote = [&](int buf) __attribute__((always_inline)) {
-        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[buf])), NarrowK<E>{});
+      auto pv_remote = [&](int b) __attribute__((always_inline)) {
+        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[b])), NarrowK<E>{});
         auto tOrP = thr_remote.partition_fragment_A(sP);
-        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
+        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[b])), TileMN<E>{});
         auto tOrV = thr_remote.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
         warpgroup_fence_operand(acc_o);
         warpgroup_arrive();
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-          gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
+        for (int s = 0; s < 4; ++s) gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
         warpgroup_commit_batch();
       };
       auto scale_o = [&](const float (&scale)[2]) __attribute__((always_inline)) {
 #pragma unroll
         for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];
       };
-      // P = exp2(S - m) for this warpgroup's block -> registers (rP) and shared memory (smem.p[buf]);
-      // this thread's share of the row sums.
-      auto softmax_to = [&](int buf, const float (&safe)[2]) __attribute__((always_inline)) {
-#pragma unroll
-        for (int i = 0; i < 32; i += 2) {
-          const int k = row_half(i);
-          p[i] = fast_exp2(p[i] - safe[k]);
-          p[i + 1] = fast_exp2(p[i + 1] - safe[k]);
-          l[k] += p[i] + p[i + 1];
-          rP32[i / 2] = Types<M>::pack(p[i], p[i + 1]);
-        }
-        // rP32[2 j + h] holds rows my_row0 + 8 h, columns 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices
-        // of stmatrix. Four of them per instruction (column groups 2 q, 2 q + 1, both row halves); lane l
-        // gives the address of row l % 8 of matrix l / 8.
+      // rP -> smem.p[b] for the other warpgroup's P V. rP32[2 j + h] holds rows my_row0 + 8 h, columns
+      // 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices of stmatrix, four per instruction (column groups
+      // 2 q, 2 q + 1, both row halves); lane l gives the address of row l % 8 of matrix l / 8.
+      auto store_p = [&](int b) __attribute__((always_inline)) {
         const int lane = wt & 31;
         const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const uint32_t addr = shared_address(smem.p[buf] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
+          const uint32_t addr = shared_address(smem.p[b] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
           asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
                        "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
                        : "memory");
@@ -657,91 +633,366 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         fence_async_shared();
       };
 
+      // Each warpgroup's first block; WG1 issues after WG0 has issued, so S_A ends first.
       if (wg == 0) {
-        // m_A = max(m, rowmax S_A); O_L, l to m_A; P_A -> WG1 with m_A; O_L += P_A V_A,L.
-        float m_a[2], scale[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          m_a[k] = fmaxf(m[k], row_max[k]);
-          // A row that has seen no token keeps m = -inf: shift by 0 then (no inf - inf).
-          const float safe = m_a[k] == -INFINITY ? 0.f : m_a[k];
-          scale[k] = fast_exp2(m[k] - safe);
-          l[k] *= scale[k];
-          m[k] = safe;  // for softmax_to
-          if ((wt & 3) == 0) smem.m[0][my_row0 + 8 * k] = m_a[k];
-        }
-        softmax_to(0, m);
-        bar_arrive(kBarMaxA);
-        scale_o(scale);  // O_L is this warpgroup's alone: after publishing P_A
-        clear_tail(blk_a, 0);
-        pv_local(0);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_o);
-        warpgroup_fence_operand(rP);
-        if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,L and K_A are no longer read here
-        // m_B from WG1 (it arrives on every step; without a block B, m_B = m_A).
-        bar_wait(kBarMaxB);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float m_b = has_b ? smem.m[1][my_row0 + 8 * k] : m_a[k];
-          scale[k] = fast_exp2(m_a[k] - (m_b == -INFINITY ? 0.f : m_b));
-          l[k] *= scale[k];
-          m[k] = m_b;
-        }
-        if (has_b) {
-          scale_o(scale);
-          clear_tail(blk_b, 1);
-          pv_remote(1);  // O_L += P_B V_B,L
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(acc_o);
-          if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,L is no longer read
-        }
-        bar_wait(kBarPAFree);  // WG1's P_A V_A,R is done: the next softmax_to(0) may rewrite P_A
+        start_scores();
+        score_side(Int<0>{}, parity[0]), score_side(Int<kLeftTiles>{}, parity[0]), score_tiles(Int<8>{}, _1{}, parity[0]);
+        bar_arrive(kBarScoresA);
       } else {
-        // P_A, m_A from WG0: O_R, l to m_A, O_R += P_A V_A,R; then m_B = max(m_A, rowmax S_B), P_B -> WG0,
-        // O_R, l to m_B, O_R += P_B V_B,R.
-        bar_wait(kBarMaxA);
-        float m_a[2], scale[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          m_a[k] = smem.m[0][my_row0 + 8 * k];
-          scale[k] = fast_exp2(m[k] - (m_a[k] == -INFINITY ? 0.f : m_a[k]));
-          l[k] *= scale[k];
+        bar_wait(kBarScoresA);
+        if (first_blk + 1 < end_blk) {
+          score_b(parity[1]);
+        } else {
+          score_nothing();
         }
-        scale_o(scale);
-        clear_tail(blk_a, 0);
-        pv_remote(0);  // O_R += P_A V_A,R
-        float safe_b[2];
+      }
+      finish_scores();
+
+      for (int blk_a = first_blk; blk_a < end_blk; blk_a += 2) {
+        const int blk_b = blk_a + 1;
+        const bool has_b = blk_b < end_blk;
+        const bool next_a = blk_a + 2 < end_blk;  // the next step has a block A
+        const bool next_b = blk_b + 2 < end_blk;  // and a block B
+        // The probabilities live in acc_s, which the next score matmuls overwrite (wgmma keeps its
+        // accumulator registers live anyway): S of block blk (waited) -> scaled, masked; row maxima.
+        float row_max[2];
+        auto take_scores = [&](int blk) __attribute__((always_inline)) {
+          const int pos0 = blk * kTokens;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          m[k] = has_b ? fmaxf(m_a[k], row_max[k]) : m_a[k];
-          safe_b[k] = m[k] == -INFINITY ? 0.f : m[k];
-          scale[k] = fast_exp2(m_a[k] - safe_b[k]);
-          l[k] *= scale[k];
-        }
-        if (has_b) softmax_to(1, safe_b);  // P_B relative to m_B (overlaps P_A V_A,R)
-        if (has_b) {
+          for (int i = 0; i < 32; ++i) {
+            const int pos = pos0 + acc_col(i, wt);
+            acc_s(i) = pos < limit[row_half(i)] ? acc_s(i) * score_scale[row_half(i)] : -INFINITY;
+          }
 #pragma unroll
-          for (int k = 0; k < 2; ++k)
-            if ((wt & 3) == 0) smem.m[1][my_row0 + 8 * k] = m[k];
-        }
-        bar_arrive(kBarMaxB);  // (m_B, P_B) -> WG0, whose P_B V_B,L need not wait for P_A V_A,R
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_o);
-        if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,R and K_A's rope are no longer read
-        bar_arrive(kBarPAFree);
-        if (has_b) {
+          for (int k = 0; k < 2; ++k) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 2 * k; i < 32; i += 4) mx = fmaxf(mx, fmaxf(acc_s(i), acc_s(i + 1)));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            row_max[k] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+          }
+        };
+        // P = exp2(S - frame) in place -> rP (packed), this thread's share of the row sums.
+        auto exp_scores = [&](const float (&frame)[2]) __attribute__((always_inline)) {
+#pragma unroll
+          for (int i = 0; i < 32; i += 2) {
+            const int k = row_half(i);
+            acc_s(i) = fast_exp2(acc_s(i) - frame[k]);
+            acc_s(i + 1) = fast_exp2(acc_s(i + 1) - frame[k]);
+            l[k] += acc_s(i) + acc_s(i + 1);
+            rP32[i / 2] = Types<M>::pack(acc_s(i), acc_s(i + 1));
+          }
+        };
+        if (wg == 0) {
+          // S_A (waited) -> m_A; O_L, l to m_A; P_A -> registers; O_L += P_A V_A,L.
+          take_scores(blk_a);
+          float frame_a[2], scale[2];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float m_a = fmaxf(m[k], row_max[k]);
+            frame_a[k] = m_a == -INFINITY ? 0.f : m_a;  // a row that has seen no token: shift by 0 (no inf - inf)
+            scale[k] = fast_exp2(m[k] - frame_a[k]);
+            l[k] *= scale[k];
+            if ((wt & 3) == 0) smem.m[0][my_row0 + 8 * k] = m_a;
+          }
+          bar_arrive(kBarMaxA);  // m_A -> WG1, whose P_B needs it
+          exp_scores(frame_a);
           scale_o(scale);
-          clear_tail(blk_b, 1);
-          pv_local(1);  // O_R += P_B V_B,R
+          clear_tail(blk_a, 0);
+          pv_local(0);
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_o);
           warpgroup_fence_operand(rP);
-          if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,R and K_B's rope are no longer read
+          if (next_a) issue_block(blk_a + 2, 0);  // V_A,L and K_A are no longer read here
+          // m_B from WG1 (without a block B, m_B = m_A): P_A to m_B -> shared memory for WG1's P_A V_A,R.
+          bar_wait(kBarMaxB);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float m_b = smem.m[1][my_row0 + 8 * k];
+            m[k] = m_b == -INFINITY ? 0.f : m_b;
+            scale[k] = fast_exp2(frame_a[k] - m[k]);
+            l[k] *= scale[k];
+          }
+#pragma unroll
+          for (int i = 0; i < 32; i += 2)
+            rP32[i / 2] = Types<M>::pack(acc_s(i) * scale[row_half(i)], acc_s(i + 1) * scale[row_half(i)]);
+          store_p(0);
+          bar_arrive(kBarPAReady);
+          if (has_b) {
+            bar_wait(kBarPVARIssued);  // P_B is in shared memory, and WG1's P_A V_A,R is issued
+            scale_o(scale);
+            clear_tail(blk_b, 1);
+            pv_remote(1);  // O_L += P_B V_B,L
+          }
+          // The next S_A queues behind it: its left tiles were refilled after P_A V_A,L, its right tiles
+          // (by WG1) after P_A V_A,R.
+          if (next_a) {
+            start_scores();
+            score_side(Int<0>{}, parity[0] ^ 1);
+          } else {
+            score_nothing();
+          }
+          warpgroup_wait<kSideGroups>();  // P_B V_B,L is done
+          warpgroup_fence_operand(acc_o);
+          if (next_b) issue_block(blk_b + 2, 1);  // V_B,L is no longer read
+          if (next_a) score_side(Int<kLeftTiles>{}, parity[0] ^ 1), score_tiles(Int<8>{}, _1{}, parity[0] ^ 1);
+        } else {
+          // S_B (waited), m_A from WG0 -> m_B = max(m_A, rowmax S_B) -> WG0; O_R, l to m_B;
+          // P_B -> registers and shared memory; O_R += P_B V_B,R; then O_R += P_A V_A,R (P_A to m_B, from WG0).
+          if (has_b) take_scores(blk_b);
+          bar_wait(kBarMaxA);
+          float scale[2];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float m_a = smem.m[0][my_row0 + 8 * k];
+            const float m_b = has_b ? fmaxf(m_a, row_max[k]) : m_a;
+            const float frame_b = m_b == -INFINITY ? 0.f : m_b;
+            scale[k] = fast_exp2(m[k] - frame_b);
+            l[k] *= scale[k];
+            m[k] = frame_b;
+            if ((wt & 3) == 0) smem.m[1][my_row0 + 8 * k] = m_b;
+          }
+          bar_arrive(kBarMaxB);
+          scale_o(scale);
+          if (has_b) {
+            exp_scores(m);
+            store_p(1);
+            clear_tail(blk_b, 1);
+            pv_local(1);  // O_R += P_B V_B,R
+          }
+          clear_tail(blk_a, 0);
+          bar_wait(kBarPAReady);
+          pv_remote(0);  // O_R += P_A V_A,R
+          if (has_b) {
+            bar_arrive(kBarPVARIssued);
+            warpgroup_wait<1>();
+            warpgroup_fence_operand(rP);
+            if (next_b) issue_block(blk_b + 2, 1);  // V_B,R and K_B's rope are no longer read
+          }
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_o);
+          warpgroup_fence_operand(rP);
+          if (next_a) issue_block(blk_a + 2, 0);  // V_A,R and K_A's rope are no longer read
+          if (next_b) {
+            score_b(parity[1] ^ 1);  // the next S_B
+          } else {
+            score_nothing();
+          }
         }
+        finish_scores();
+        parity[0] ^= 1;
+        if (has_b) parity[1] ^= 1;
       }
-      parity[0] ^= 1;
-      if (has_b) parity[1] ^= 1;
+    } else {
+      // bf16/fp16 caches: the step order of the header's first table.
+      for (int blk_a = first_blk; blk_a < end_blk; blk_a += 2) {
+        const int blk_b = blk_a + 1;
+        const bool has_b = blk_b < end_blk;
+        const int buf = wg;  // the buffer whose block this warpgroup scores
+        const int my_blk = wg == 0 ? blk_a : blk_b;
+        float p[32];  // this warpgroup's probabilities (float), accumulator order
+        float row_max[2];
+
+        // S = Q K^T over this warpgroup's block, tile by tile as the tiles land; scaled, masked, row maxima.
+        auto score_block = [&]() __attribute__((always_inline)) {
+          Tensor sK = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileK<E>{});
+          Tensor sKpe = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kpe[buf])), NarrowK<E>{});
+          auto tSrK = thr_s.partition_fragment_B(sK);
+          auto tSrKpe = thr_s_rope.partition_fragment_B(sKpe);
+          mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+          mma_s_rope.accumulate_ = GMMA::ScaleOut::One;
+          auto gemm_tile = [&](auto tile) {
+            constexpr int t = decltype(tile)::value;
+            if constexpr (t < 8) {
+#pragma unroll
+              for (int s = 0; s < 4; ++s) {
+                gemm(mma_s, tSrQ(_, _, 4 * t + s), tSrK(_, _, 4 * t + s), acc_s);
+                mma_s.accumulate_ = GMMA::ScaleOut::One;
+              }
+            } else {
+              warpgroup_fence_operand(rQpe);
+#pragma unroll
+              for (int s = 0; s < 4; ++s)
+                gemm(mma_s_rope, rQpe(_, _, s), tSrKpe(_, _, s), acc_s);
+            }
+          };
+          // Tile t: wait until it has landed (TMA writes through the async proxy, as wgmma reads), then
+          // issue its matmuls as one commit group.
+          auto score_tile = [&](auto tile) {
+            mbar_wait(&smem.full[buf][decltype(tile)::value], parity[buf]);
+            warpgroup_fence_operand(acc_s);
+            warpgroup_arrive();
+            gemm_tile(tile);
+            warpgroup_commit_batch();
+          };
+          score_tile(_0{}), score_tile(_1{}), score_tile(_2{}), score_tile(_3{});
+          score_tile(_4{}), score_tile(_5{}), score_tile(_6{}), score_tile(_7{}), score_tile(_8{});
+          if (wg == 0) bar_arrive(kBarScoresA);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_s);
+          warpgroup_fence_operand(rQpe);
+          // Scale and mask.
+          const int pos0 = my_blk * kTokens;
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            const int pos = pos0 + acc_col(i, wt);
+            p[i] = pos < limit[row_half(i)] ? acc_s(i) * score_scale[row_half(i)] : -INFINITY;
+          }
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 2 * k; i < 32; i += 4) mx = fmaxf(mx, fmaxf(p[i], p[i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            row_max[k] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+          }
+        };
+        // WG1 issues S_B after WG0 has issued S_A, so S_A finishes first (its softmax then overlaps S_B)
+        // and block B's tiles, refilled last in the previous step, get S_A's time to land.
+        if (wg == 1) bar_wait(kBarScoresA);
+        if (wg == 0 || has_b) score_block();
+
+        // Helpers of both warpgroups: O (this warpgroup's half) += P . V_half of buffer buf, with P from
+        // registers (rP) or from shared memory (smem.p[src]).
+        auto pv_local = [&](int buf) __attribute__((always_inline)) {
+          Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
+          auto tOrV = thr_local.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
+          warpgroup_fence_operand(rP);
+          warpgroup_fence_operand(acc_o);
+          warpgroup_arrive();
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
+          warpgroup_commit_batch();
+        };
+        auto pv_remote = [&](int buf) __attribute__((always_inline)) {
+          Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[buf])), NarrowK<E>{});
+          auto tOrP = thr_remote.partition_fragment_A(sP);
+          Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
+          auto tOrV = thr_remote.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
+          warpgroup_fence_operand(acc_o);
+          warpgroup_arrive();
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
+          warpgroup_commit_batch();
+        };
+        auto scale_o = [&](const float (&scale)[2]) __attribute__((always_inline)) {
+#pragma unroll
+          for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];
+        };
+        // P = exp2(S - m) for this warpgroup's block -> registers (rP) and shared memory (smem.p[buf]);
+        // this thread's share of the row sums.
+        auto softmax_to = [&](int buf, const float (&safe)[2]) __attribute__((always_inline)) {
+#pragma unroll
+          for (int i = 0; i < 32; i += 2) {
+            const int k = row_half(i);
+            p[i] = fast_exp2(p[i] - safe[k]);
+            p[i + 1] = fast_exp2(p[i + 1] - safe[k]);
+            l[k] += p[i] + p[i + 1];
+            rP32[i / 2] = Types<M>::pack(p[i], p[i + 1]);
+          }
+          // rP32[2 j + h] holds rows my_row0 + 8 h, columns 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices
+          // of stmatrix. Four of them per instruction (column groups 2 q, 2 q + 1, both row halves); lane l
+          // gives the address of row l % 8 of matrix l / 8.
+          const int lane = wt & 31;
+          const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t addr = shared_address(smem.p[buf] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                         "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
+                         : "memory");
+          }
+          fence_async_shared();
+        };
+
+        if (wg == 0) {
+          // m_A = max(m, rowmax S_A); O_L, l to m_A; P_A -> WG1 with m_A; O_L += P_A V_A,L.
+          float m_a[2], scale[2];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            m_a[k] = fmaxf(m[k], row_max[k]);
+            // A row that has seen no token keeps m = -inf: shift by 0 then (no inf - inf).
+            const float safe = m_a[k] == -INFINITY ? 0.f : m_a[k];
+            scale[k] = fast_exp2(m[k] - safe);
+            l[k] *= scale[k];
+            m[k] = safe;  // for softmax_to
+            if ((wt & 3) == 0) smem.m[0][my_row0 + 8 * k] = m_a[k];
+          }
+          softmax_to(0, m);
+          bar_arrive(kBarMaxA);
+          scale_o(scale);  // O_L is this warpgroup's alone: after publishing P_A
+          clear_tail(blk_a, 0);
+          pv_local(0);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_o);
+          warpgroup_fence_operand(rP);
+          if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,L and K_A are no longer read here
+          // m_B from WG1 (it arrives on every step; without a block B, m_B = m_A).
+          bar_wait(kBarMaxB);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float m_b = has_b ? smem.m[1][my_row0 + 8 * k] : m_a[k];
+            scale[k] = fast_exp2(m_a[k] - (m_b == -INFINITY ? 0.f : m_b));
+            l[k] *= scale[k];
+            m[k] = m_b;
+          }
+          if (has_b) {
+            scale_o(scale);
+            clear_tail(blk_b, 1);
+            pv_remote(1);  // O_L += P_B V_B,L
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc_o);
+            if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,L is no longer read
+          }
+          bar_wait(kBarPAFree);  // WG1's P_A V_A,R is done: the next softmax_to(0) may rewrite P_A
+        } else {
+          // P_A, m_A from WG0: O_R, l to m_A, O_R += P_A V_A,R; then m_B = max(m_A, rowmax S_B), P_B -> WG0,
+          // O_R, l to m_B, O_R += P_B V_B,R.
+          bar_wait(kBarMaxA);
+          float m_a[2], scale[2];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            m_a[k] = smem.m[0][my_row0 + 8 * k];
+            scale[k] = fast_exp2(m[k] - (m_a[k] == -INFINITY ? 0.f : m_a[k]));
+            l[k] *= scale[k];
+          }
+          scale_o(scale);
+          clear_tail(blk_a, 0);
+          pv_remote(0);  // O_R += P_A V_A,R
+          float safe_b[2];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            m[k] = has_b ? fmaxf(m_a[k], row_max[k]) : m_a[k];
+            safe_b[k] = m[k] == -INFINITY ? 0.f : m[k];
+            scale[k] = fast_exp2(m_a[k] - safe_b[k]);
+            l[k] *= scale[k];
+          }
+          if (has_b) softmax_to(1, safe_b);  // P_B relative to m_B (overlaps P_A V_A,R)
+          if (has_b) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+              if ((wt & 3) == 0) smem.m[1][my_row0 + 8 * k] = m[k];
+          }
+          bar_arrive(kBarMaxB);  // (m_B, P_B) -> WG0, whose P_B V_B,L need not wait for P_A V_A,R
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_o);
+          if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,R and K_A's rope are no longer read
+          bar_arrive(kBarPAFree);
+          if (has_b) {
+            scale_o(scale);
+            clear_tail(blk_b, 1);
+            pv_local(1);  // O_R += P_B V_B,R
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc_o);
+            warpgroup_fence_operand(rP);
+            if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,R and K_B's rope are no longer read
+          }
+        }
+        parity[0] ^= 1;
+        if (has_b) parity[1] ^= 1;
+      }
     }
 
     // Row sums: this thread's share -> the quad's -> both warpgroups'.
