@@ -53,9 +53,10 @@
 //   block issues one zeroing k-step instead of its next S, so that ptxas never sees the accumulator
 //   written by other instructions inside a wgmma pipeline stage (it would serialise the matmuls, C7515).
 // Loads: TMA boxes of [box_rows tokens, 64 columns] per tile, one mbarrier per (buffer, tile)
-// counting the bytes; the score matmuls wait tile by tile, in tile order (with bf16, WG1 starting at
-// tile 4, the half it refills itself, was 0-2% slower in same-call A/Bs; issuing each refill after the
-// next matmul instead of before it was 40-50% slower: a load issued late is a load waited for).
+// counting the bytes; the score matmuls wait tile by tile, in tile order (bf16: WG1 starting at tile
+// 4, the half it refills itself, was 0-2% slower in same-call A/Bs) or, in fp8's order, WG1 in its
+// refill order (4..8, then 0..3). Issuing each bf16 refill after the next matmul instead of before it
+// was 40-50% slower (7-16% without branches): a load issued late is a load waited for.
 // A dense row's block is one box per tile; a paged cache's block is one box per page part
 // (box_rows = gcd(page_size, 64): 64 boxes of one token for pages of one token). Boxes wholly past
 // the row's length are not loaded; V rows past the length in a partial block are zeroed in shared
