@@ -516,6 +516,49 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
     }
     clear(acc_o);
 
+    // O (this warpgroup's half) += P . V_half of buffer b, with P from registers (rP) or from shared
+    // memory (smem.p[b]).
+    auto pv_local = [&](int b) __attribute__((always_inline)) {
+      Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[b])), TileMN<E>{});
+      auto tOrV = thr_local.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
+      warpgroup_fence_operand(rP);
+      warpgroup_fence_operand(acc_o);
+      warpgroup_arrive();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
+      warpgroup_commit_batch();
+    };
+    auto pv_remote = [&](int b) __attribute__((always_inline)) {
+      Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[b])), NarrowK<E>{});
+      auto tOrP = thr_remote.partition_fragment_A(sP);
+      Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[b])), TileMN<E>{});
+      auto tOrV = thr_remote.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
+      warpgroup_fence_operand(acc_o);
+      warpgroup_arrive();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
+      warpgroup_commit_batch();
+    };
+    auto scale_o = [&](const float (&scale)[2]) __attribute__((always_inline)) {
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];
+    };
+    // rP -> smem.p[b] for the other warpgroup's P V. rP32[2 j + h] holds rows my_row0 + 8 h, columns
+    // 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices of stmatrix, four per instruction (column groups
+    // 2 q, 2 q + 1, both row halves); lane l gives the address of row l % 8 of matrix l / 8.
+    auto store_p = [&](int b) __attribute__((always_inline)) {
+      const int lane = wt & 31;
+      const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t addr = shared_address(smem.p[b] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                     "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
+                     : "memory");
+      }
+      fence_async_shared();
+    };
+
     if constexpr (kFp8 != 0) {
       // fp8 caches: the step order of the header's second table.
       // Score matmuls S += Q K^T of this warpgroup's buffer (buf = wg: WG0 scores blocks A, WG1 blocks B).
@@ -591,48 +634,6 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         warpgroup_fence_operand(acc_o);
       };
 
-      // O (this warpgroup's half) += P . V_half of buffer b, with P from registers (rP) or from shared
-      // memory (smem.p[b]).
-      auto pv_local = [&](int b) __attribute__((always_inline)) {
-        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[b])), TileMN<E>{});
-        auto tOrV = thr_local.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
-        warpgroup_fence_operand(rP);
-        warpgroup_fence_operand(acc_o);
-        warpgroup_arrive();
-#pragma unroll
-        for (int s = 0; s < 4; ++s) gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
-        warpgroup_commit_batch();
-      };
-      auto pv_remote = [&](int b) __attribute__((always_inline)) {
-        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[b])), NarrowK<E>{});
-        auto tOrP = thr_remote.partition_fragment_A(sP);
-        Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[b])), TileMN<E>{});
-        auto tOrV = thr_remote.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
-        warpgroup_fence_operand(acc_o);
-        warpgroup_arrive();
-#pragma unroll
-        for (int s = 0; s < 4; ++s) gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
-        warpgroup_commit_batch();
-      };
-      auto scale_o = [&](const float (&scale)[2]) __attribute__((always_inline)) {
-#pragma unroll
-        for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];
-      };
-      // rP -> smem.p[b] for the other warpgroup's P V. rP32[2 j + h] holds rows my_row0 + 8 h, columns
-      // 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices of stmatrix, four per instruction (column groups
-      // 2 q, 2 q + 1, both row halves); lane l gives the address of row l % 8 of matrix l / 8.
-      auto store_p = [&](int b) __attribute__((always_inline)) {
-        const int lane = wt & 31;
-        const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint32_t addr = shared_address(smem.p[b] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
-          asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                       "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
-                       : "memory");
-        }
-        fence_async_shared();
-      };
 
       // Each warpgroup's first block; WG1 issues after WG0 has issued, so S_A ends first.
       if (wg == 0) {
@@ -853,35 +854,6 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         if (wg == 1) bar_wait(kBarScoresA);
         if (wg == 0 || has_b) score_block();
 
-        // Helpers of both warpgroups: O (this warpgroup's half) += P . V_half of buffer buf, with P from
-        // registers (rP) or from shared memory (smem.p[src]).
-        auto pv_local = [&](int buf) __attribute__((always_inline)) {
-          Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
-          auto tOrV = thr_local.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
-          warpgroup_fence_operand(rP);
-          warpgroup_fence_operand(acc_o);
-          warpgroup_arrive();
-#pragma unroll
-          for (int s = 0; s < 4; ++s)
-            gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);
-          warpgroup_commit_batch();
-        };
-        auto pv_remote = [&](int buf) __attribute__((always_inline)) {
-          Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.p[buf])), NarrowK<E>{});
-          auto tOrP = thr_remote.partition_fragment_A(sP);
-          Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kv[buf])), TileMN<E>{});
-          auto tOrV = thr_remote.partition_fragment_B(local_tile(sVt, Shape<_256, Int<kTokens>>{}, make_coord(wg, 0)));
-          warpgroup_fence_operand(acc_o);
-          warpgroup_arrive();
-#pragma unroll
-          for (int s = 0; s < 4; ++s)
-            gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);
-          warpgroup_commit_batch();
-        };
-        auto scale_o = [&](const float (&scale)[2]) __attribute__((always_inline)) {
-#pragma unroll
-          for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];
-        };
         // P = exp2(S - m) for this warpgroup's block -> registers (rP) and shared memory (smem.p[buf]);
         // this thread's share of the row sums.
         auto softmax_to = [&](int buf, const float (&safe)[2]) __attribute__((always_inline)) {
@@ -893,19 +865,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
             l[k] += p[i] + p[i + 1];
             rP32[i / 2] = Types<M>::pack(p[i], p[i + 1]);
           }
-          // rP32[2 j + h] holds rows my_row0 + 8 h, columns 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices
-          // of stmatrix. Four of them per instruction (column groups 2 q, 2 q + 1, both row halves); lane l
-          // gives the address of row l % 8 of matrix l / 8.
-          const int lane = wt & 31;
-          const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t addr = shared_address(smem.p[buf] + narrow_offset(st_row, 8 * (2 * q + (lane >> 4))));
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                         "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
-                         : "memory");
-          }
-          fence_async_shared();
+          store_p(buf);
         };
 
         if (wg == 0) {
