@@ -51,6 +51,7 @@ from tilegym.ops.mla_decoding import (
     kv_bytes_per_token,
     row_lengths,
 )
+from tilegym.power import capped_percent, read_power
 from tilegym.testing import (
     REL_L2_TOLERANCE,
     MLAInputs,
@@ -171,8 +172,10 @@ class Row:
     tolerance: float | None = None
     mode: str | None = None
     input_sets: int | None = None
+    calls_per_sample: int | None = None  # calls timed together (a graph's rounds of the input sets)
     time_us: float | None = None
     spread_us: float | None = None
+    power_capped_pct: float | None = None  # share of the timing the GPU ran power-capped (NVML; None without it)
     host_us: float | None = None  # host time of one eager call with a plan
     host_unplanned_us: float | None = None  # host time of one eager call without a plan
     plan_us: float | None = None  # host time of plan_mla_decoding
@@ -415,7 +418,9 @@ def bench_backend(backend: str, shape: Shape, data: ShapeData, cfg: BenchConfig,
             return row
         calls = [planned_call(plan, data, i) for i in range(len(data.sets))]
         # Graph replay of planned calls, as serving engines run decode (one plan per step).
+        power_before = read_power(cfg.device)
         timing = time_calls(calls, cfg.device, warmup=cfg.warmup, repeat=cfg.repeat, use_graph=True)
+        row.power_capped_pct = capped_percent(power_before, read_power(cfg.device))
         host_calls = HOST_CALLS if cfg.device.type == "cuda" else 2
         row.host_us = host_us_per_call(calls[0], cfg.device, host_calls)
         row.host_unplanned_us = host_us_per_call(
@@ -425,7 +430,7 @@ def bench_backend(backend: str, shape: Shape, data: ShapeData, cfg: BenchConfig,
     except Exception as exc:  # one backend's failure must not stop the others
         row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         return row
-    row.status, row.mode, row.input_sets = "ok", timing.mode, len(calls)
+    row.status, row.mode, row.input_sets, row.calls_per_sample = "ok", timing.mode, len(calls), timing.calls_per_sample
     row.time_us, row.spread_us = timing.median_us, timing.spread_us
     fill_metrics(row, cfg.ceilings, kv_bytes_per_token(cfg.kv_format), cfg.dtype.itemsize)
     return row
@@ -524,6 +529,7 @@ MARKDOWN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rel. err", "rel_err", ".1e"),
     ("us", "time_us", ".1f"),
     ("± us", "spread_us", ".1f"),
+    ("% power-capped", "power_capped_pct", ".0f"),
     ("host us", "host_us", ".1f"),
     ("host us (no plan)", "host_unplanned_us", ".0f"),
     ("plan us", "plan_us", ".0f"),
@@ -548,23 +554,25 @@ def markdown_report(title: str, env: dict[str, str], ceilings: Ceilings, rows: S
         f"{ceilings.matmul_tflops:.4g} TFLOP/s"
     )
     lines += [
-        "- us: median per call of CUDA-graph-replayed planned calls (mode column), combine included; "
+        "- us: median per call of CUDA-graph-replayed planned calls (mode column), combine included; a "
+        "sample is one replay of a graph of `calls` calls cycling through `sets` input sets; % power-capped: "
+        "share of the timing during which the driver held the SM clock down for the power limit (NVML); "
         "± us: p75 - p25 of the samples. host us: wall time per call of back-to-back eager calls with "
         "a plan (no plan: the same without one); plan us: host time of plan_mla_decoding. Bytes and "
         "FLOPs count the tokens present. % roofline = floor / time, floor = max(bytes / copy BW, "
         "FLOPs / matmul rate). auto: the backend `auto` picks for the shape.",
         "",
-        "| backend | B | S | H | Q | lengths | layout | status | mode | sets | "
+        "| backend | B | S | H | Q | lengths | layout | status | mode | sets | calls | "
         + " | ".join(h for h, _, _ in MARKDOWN_COLUMNS)
         + " | auto |",
-        "|" + "---|" * (11 + len(MARKDOWN_COLUMNS)),
+        "|" + "---|" * (12 + len(MARKDOWN_COLUMNS)),
     ]
     for r in rows:
         values = [_fmt(getattr(r, field), spec) for _, field, spec in MARKDOWN_COLUMNS]
         mode = (r.mode or "-").split(" (")[0]
         layout = r.layout + (f"/{r.page_size}" if r.page_size else "")
         fixed = [r.label, str(r.batch), str(r.seq_len), str(r.heads), str(r.q_len), r.lengths, layout, r.status]
-        fixed += [mode, _fmt(r.input_sets, "d")]
+        fixed += [mode, _fmt(r.input_sets, "d"), _fmt(r.calls_per_sample, "d")]
         lines.append("| " + " | ".join(fixed + values + [r.auto_backend or "-"]) + " |")
     notes = [
         f"- {r.label} {r.shape.label}: {r.status}: {r.note or r.mode}" for r in rows if r.note or "(" in (r.mode or "")
