@@ -61,7 +61,7 @@ for spec in "$@"; do
     case $spec in
     tests)
         n=$((n + 1))
-        step "$n-gpu-tests" "${TESTS_LIMIT:-330}" "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -rfE tests  # addopts has -q; a second -q hides the counts
+        step "$n-gpu-tests" "${TESTS_LIMIT:-330}" "$PY" -m pytest -p no:cacheprovider -m gpu -n 0 -rfEs tests  # addopts has -q; a second -q hides the counts; -rs lists why each test skipped
         cp "$LOGS/$n-gpu-tests.log" benchmarks/results/gpu-tests-h200.log
         ;;
     demo)
