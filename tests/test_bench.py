@@ -136,3 +136,24 @@ def test_bad_sweep_and_page_size_are_usage_errors(capsys: pytest.CaptureFixture[
     assert bench.main(["--suite", "tiny", "--layout", "paged", "--page-size", "48"]) == 2
     err = capsys.readouterr().err
     assert "--sweep: expected kv_len_per_split=N" in err and "--page-size must be a power of two" in err
+
+
+def test_report_says_how_a_sample_was_timed(tmp_path: Path) -> None:
+    """New rows record calls per sample; a report from before that column (rewritten from its
+    JSON) says it timed one round of the input sets per replay instead of claiming the new method."""
+    rc, report = run_bench(tmp_path)
+    assert rc == 0 and all(r["calls_per_sample"] == 1 for r in report["rows"]), report["rows"]
+    markdown = (tmp_path / f"{OP}_tiny_fp16.md").read_text()
+    assert "a graph of `calls` calls" in markdown and "| sets | calls |" in markdown
+    old = dict(report)
+    old["rows"] = [
+        {k: v for k, v in r.items() if k not in ("calls_per_sample", "power_capped_pct")} for r in report["rows"]
+    ]
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    old_json = old_dir / f"{OP}_tiny_fp16.json"
+    old_json.write_text(json.dumps(old))
+    assert bench.main(["--from-json", str(old_json), "--no-plot"]) == 0
+    rewritten = old_json.with_suffix(".md").read_text()
+    assert "running each of the `sets` input sets once (calls not recorded)" in rewritten
+    assert "a graph of `calls` calls" not in rewritten

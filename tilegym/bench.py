@@ -545,6 +545,18 @@ MARKDOWN_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _sample_description(rows: Sequence[Row]) -> str:
+    """What one timed sample was: reports written before the `calls` and power columns existed
+    (rewritten with ``--from-json``) timed one round of the input sets per graph replay."""
+    if any(r.calls_per_sample is not None for r in rows):
+        return (
+            "a sample is one replay of a graph of `calls` calls cycling through `sets` input sets; "
+            "% power-capped: share of the timing during which the driver held the SM clock down for "
+            "the power limit (NVML; - where not read)."
+        )
+    return "a sample is one replay of a graph running each of the `sets` input sets once (calls not recorded)."
+
+
 def markdown_report(title: str, env: dict[str, str], ceilings: Ceilings, rows: Sequence[Row]) -> str:
     lines = [f"# {title}", ""]
     lines += [f"- {key}: {value}" for key, value in env.items()]
@@ -554,10 +566,9 @@ def markdown_report(title: str, env: dict[str, str], ceilings: Ceilings, rows: S
         f"{ceilings.matmul_tflops:.4g} TFLOP/s"
     )
     lines += [
-        "- us: median per call of CUDA-graph-replayed planned calls (mode column), combine included; a "
-        "sample is one replay of a graph of `calls` calls cycling through `sets` input sets; % power-capped: "
-        "share of the timing during which the driver held the SM clock down for the power limit (NVML); "
-        "± us: p75 - p25 of the samples. host us: wall time per call of back-to-back eager calls with "
+        "- us: median per call of CUDA-graph-replayed planned calls (mode column), combine included; "
+        + _sample_description(rows)
+        + " ± us: p75 - p25 of the samples. host us: wall time per call of back-to-back eager calls with "
         "a plan (no plan: the same without one); plan us: host time of plan_mla_decoding. Bytes and "
         "FLOPs count the tokens present. % roofline = floor / time, floor = max(bytes / copy BW, "
         "FLOPs / matmul rate). auto: the backend `auto` picks for the shape.",
