@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
 import torch
 
+from tilegym import power
 from tilegym.power import PowerReading, capped_percent, read_power
 from tilegym.timing import MAX_CALLS_PER_GRAPH, graph_rounds
 
@@ -36,3 +40,43 @@ def test_capped_share_of_the_window() -> None:
     assert capped_percent(after, before) is None  # readings in the wrong order
     clamped = PowerReading(capped_ns=5_000_000, wall_ns=1_000_000)  # counter ahead of the wall clock
     assert capped_percent(before, clamped) == 100.0
+
+
+class FakeNvml:
+    """The three NVML entry points read_power uses, answering like the library does."""
+
+    def __init__(self, uuids: set[str], capped_ns: int) -> None:
+        self.uuids, self.capped_ns, self.policies = uuids, capped_ns, []
+
+    def nvmlDeviceGetHandleByUUID(self, key: bytes, handle) -> int:  # noqa: N802 (NVML's name)
+        return 0 if key.decode() in self.uuids else 13  # NVML_ERROR_NOT_FOUND
+
+    def nvmlDeviceGetViolationStatus(self, handle, policy: int, status) -> int:  # noqa: N802
+        self.policies.append(policy)
+        status._obj.violation_time = self.capped_ns
+        return 0
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, lib: object) -> None:
+    monkeypatch.setattr(power, "_nvml", lambda: lib)
+    monkeypatch.setattr(power.torch.version, "hip", None)
+    props = types.SimpleNamespace(uuid="5a159310-50c1-77de-8577-e66c17d5e513")  # no PCI fields
+    monkeypatch.setattr(power.torch.cuda, "get_device_properties", lambda index: props)
+    power._handle.cache_clear()
+
+
+def test_power_reading_matches_the_device_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = FakeNvml({"GPU-5a159310-50c1-77de-8577-e66c17d5e513"}, capped_ns=4_000)
+    fake_gpu(monkeypatch, lib)
+    reading = read_power(torch.device("cuda", 0))
+    assert reading is not None and reading.capped_ns == 4_000
+    assert lib.policies == [power.NVML_PERF_POLICY_POWER]
+    power._handle.cache_clear()
+
+
+def test_power_reading_is_absent_when_nvml_cannot_name_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_gpu(monkeypatch, FakeNvml({"GPU-another-board"}, capped_ns=4_000))
+    assert read_power(torch.device("cuda", 0)) is None
+    fake_gpu(monkeypatch, types.SimpleNamespace())  # an NVML without these symbols
+    assert read_power(torch.device("cuda", 0)) is None
+    power._handle.cache_clear()

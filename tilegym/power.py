@@ -30,7 +30,8 @@ def _nvml() -> ctypes.CDLL | None:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
         return None
-    return lib if lib.nvmlInit_v2() == NVML_SUCCESS else None
+    init = getattr(lib, "nvmlInit_v2", None)
+    return lib if init is not None and init() == NVML_SUCCESS else None
 
 
 @functools.cache
@@ -43,21 +44,22 @@ def _handle(device_index: int) -> ctypes.c_void_p | None:
     props = torch.cuda.get_device_properties(device_index)
     lookups = []
     if getattr(props, "uuid", None) is not None:
-        lookups.append((lib.nvmlDeviceGetHandleByUUID, f"GPU-{props.uuid}"))
+        lookups.append(("nvmlDeviceGetHandleByUUID", f"GPU-{props.uuid}"))
     if getattr(props, "pci_bus_id", None) is not None:
         address = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-        lookups.append((lib.nvmlDeviceGetHandleByPciBusId_v2, address))
+        lookups.append(("nvmlDeviceGetHandleByPciBusId_v2", address))
     handle = ctypes.c_void_p()
-    for lookup, key in lookups:
-        if lookup(key.encode(), ctypes.byref(handle)) == NVML_SUCCESS:
+    for name, key in lookups:
+        lookup = getattr(lib, name, None)  # an older driver's NVML may lack a symbol
+        if lookup is not None and lookup(key.encode(), ctypes.byref(handle)) == NVML_SUCCESS:
             return handle
     return None
 
 
 def _power_violation_ns(handle: ctypes.c_void_p) -> int | None:
     status = _ViolationTime()
-    lib = _nvml()
-    if lib is None or lib.nvmlDeviceGetViolationStatus(handle, NVML_PERF_POLICY_POWER, ctypes.byref(status)):
+    query = getattr(_nvml(), "nvmlDeviceGetViolationStatus", None)
+    if query is None or query(handle, NVML_PERF_POLICY_POWER, ctypes.byref(status)) != NVML_SUCCESS:
         return None
     return int(status.violation_time)
 
