@@ -9,7 +9,9 @@
 # `deepseek`, `mixed:paged:64`, `deepseek:ragged:1@triton,tilecpp`, `deepseek+fp8`, `deepseek+mxfp4`. Results land in benchmarks/results/<suite>/,
 # which the repository commits; $OUT gets results.tar.gz (the results and every step's log).
 #
-# Step limits (seconds): TESTS_LIMIT (default 330), BENCH_LIMIT (default 300 per suite).
+# Step limits (seconds): TESTS_LIMIT (default 330), BENCH_LIMIT (default 300 per suite). Keep their
+# sum under the device call's own limit; results are packed after every step, so a call cut short
+# loses only the step it was in.
 #
 # Run from the repository root, with the Tile C++ cubins compiled beforehand (on the CPU
 # machine) into .cache/tilecpp and carried along:
@@ -37,7 +39,12 @@ step() {
     local rc=$?
     echo "=== $name: exit $rc after $((SECONDS - start))s" | tee -a "$LOGS/$name.log"
     [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
+    pack
 }
+
+# The results and logs so far -> $OUT after every step: a device call that ends early (its own
+# time limit) still brings back every step that finished.
+pack() { tar czf "$OUT/results.tar.gz" benchmarks/results device-logs; }
 
 bench_step() {
     local spec=$1 suite layout="dense" page=64 kv="" backends="" rest
@@ -73,8 +80,7 @@ for spec in "$@"; do
     esac
 done
 cp "$LOGS/0-info.log" benchmarks/results/h200-info.log
-
-tar czf "$OUT/results.tar.gz" benchmarks/results device-logs
+pack
 echo
 echo "=== summary"
 grep -hE "^(=+ .*(passed|failed|error|skipped).* =+|[0-9]+ (passed|failed|error).*|FAILED|ERROR)" "$LOGS"/*gpu-tests.log 2>/dev/null | tail -30
