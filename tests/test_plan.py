@@ -164,3 +164,26 @@ def test_graph_replay_reads_kv_scale_from_the_device(backend: str, heads: int) -
         torch.cuda.synchronize()
         expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=scale)
         assert_matches_float64(out, lse, *expected, **tolerances, seed=f"{seed} (scale x{factor})")
+
+
+def test_out_next_to_an_input_takes_the_fast_path_and_overlap_is_still_rejected(monkeypatch):
+    """The per-call overlap test spans out's own bytes: an out that ends exactly where q begins is not
+    sent to the full check (it was, while the span counted D / P times too many bytes), and an out
+    sharing one element with q is rejected."""
+    g = torch.Generator().manual_seed(11)
+    x = make_mla_inputs(B, H, S, D, P, dtype=torch.float16, generator=g)
+    n = B * H * D
+    buffer = torch.empty(3 * n, dtype=torch.float16)
+    out, q = buffer[:n].view(B, H, D), buffer[n : 2 * n].view(B, H, D)
+    q.copy_(x.q)
+    plan = tilegym.plan_mla_decoding(q, x.qpe, x.kv, x.kpe, backend="torch")
+    full_checks = []
+    check_out = plan.check_out
+    monkeypatch.setattr(plan, "check_out", lambda *a: full_checks.append(1) or check_out(*a))
+    result = tilegym.mla_decoding_split_kv(q, x.qpe, x.kv, x.kpe, out=out, plan=plan)
+    assert result is out and not full_checks
+    assert relative_error(out, mla_decode_float64(x.q, x.qpe, x.kv, x.kpe)[0]) < 2e-3
+    shifted = buffer[1 : n + 1].view(B, H, D)  # its last element is q's first
+    with pytest.raises(ValueError, match="out overlaps q"):
+        tilegym.mla_decoding_split_kv(q, x.qpe, x.kv, x.kpe, out=shifted, plan=plan)
+    assert full_checks

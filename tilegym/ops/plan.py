@@ -71,7 +71,7 @@ class MLADecodePlan:
         self._flat_key = sum(self._keys, ())
         self._extents = tuple(_byte_extent(t) for t in (q, qpe, call.kv, call.kpe))
         self._out_shape = tuple(q.shape)
-        self._out_bytes = q.shape.numel() // call.rope_dim * call.head_dim * q.element_size()
+        self._out_bytes = q.numel() * q.element_size()  # out has q's shape and dtype
         self._lse_shape = tuple(q.shape[:-1])
         self._dtype, self._device = call.q.dtype, call.q.device
         self._packed = call.kv_format if call.is_packed else None
