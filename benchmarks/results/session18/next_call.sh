@@ -40,7 +40,7 @@ run() {
     export PYTHONUNBUFFERED=1 TILEGYM_CACHE_DIR=$PWD/.cache/tilecpp
     local gpu=(-m pytest -p no:cacheprovider -m gpu -n 0 -q -x)
     step 1-flags-test 60 .ab/flags "$py" "${gpu[@]}" tests/test_cutlass_backend.py -k row_flags
-    step 2-flags-tests 200 .ab/flags "$py" "${gpu[@]}" tests/test_cutlass_backend.py tests/test_cutlass_fp8.py
+    step 2-flags-tests 180 .ab/flags "$py" "${gpu[@]}" tests/test_cutlass_backend.py tests/test_cutlass_fp8.py
     for tree in main flags; do
         step "3-$tree-fp8" 60 ".ab/$tree" "$py" -m tilegym bench --suite quantized --kv-dtype fp8 \
             --backends cutlass --out-dir "/tmp/$tree-fp8" --no-plot
