@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the C++ lines it edits are quoted whole)
 """Session 19: source trees for one device call's A/B (CPU machine; run from the repository root).
 
 .ab/lazy: the bf16 step order keeps a row's max frame until a block's max exceeds it by more than
@@ -72,17 +73,23 @@ LAZY = [
 ]
 NOSCALE = [("      for (int i = 0; i < 128; ++i) acc_o(i) *= scale[row_half(i)];\n", "", 1)]
 NOEXP = [
-    ("            p[i] = fast_exp2(p[i] - safe[k]);\n            p[i + 1] = fast_exp2(p[i + 1] - safe[k]);\n",
-     "            p[i] = p[i] - safe[k];\n            p[i + 1] = p[i + 1] - safe[k];\n", 1),
+    (
+        "            p[i] = fast_exp2(p[i] - safe[k]);\n            p[i + 1] = fast_exp2(p[i + 1] - safe[k]);\n",
+        "            p[i] = p[i] - safe[k];\n            p[i + 1] = p[i + 1] - safe[k];\n",
+        1,
+    ),
 ]
 NOPV = [
     ("      for (int s = 0; s < 4; ++s) gemm(mma_local, rP(_, _, s), tOrV(_, _, s), acc_o);\n", "", 1),
     ("      for (int s = 0; s < 4; ++s) gemm(mma_remote, tOrP(_, _, s), tOrV(_, _, s), acc_o);\n", "", 1),
 ]
 NOS = [
-    ("            gemm_tile(tile);\n            warpgroup_commit_batch();\n", "            warpgroup_commit_batch();\n", 1),
+    (
+        "            gemm_tile(tile);\n            warpgroup_commit_batch();\n",
+        "            warpgroup_commit_batch();\n",
+        1,
+    ),
 ]
-
 
 
 if __name__ == "__main__":
