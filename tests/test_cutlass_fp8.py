@@ -355,3 +355,26 @@ def test_fp8_at_many_query_rows_with_queries_far_from_unit_scale(exponent) -> No
     )
     expected = mla_decode_float64(q, qpe, x.kv, x.kpe, 576**-0.5 / factor, kv_scale=x.kv_scale)
     check(out, lse, expected, "fp8", BF16, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [None, 128])
+@pytest.mark.parametrize("heads", [64, 128])
+def test_fp8_scores_that_grow_along_the_row(heads: int, split: int | None) -> None:
+    """The wgmma kernel's fp8 variant with keys scaled up along the row before quantisation and a
+    large softmax scale: the running max rises on most blocks, now and then by more than 8 log2
+    units. (The 16-row fp8 kernel fails this case's lse bound, 6.0-6.2e-3 against 1e-3 on the H200,
+    with its outputs within tolerance: a known limit at large scores, not yet diagnosed;
+    benchmarks/NOTES_cutlass.md, "Session 19".)"""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(4, heads, 1000, device="cuda", kv_lens=(1000, 999, 130, 1), generator=generator)
+    grown = x.cache.float() * torch.linspace(0.2, 3.0, 1000, device="cuda").view(1, -1, 1)
+    scale = grown.abs().amax() / torch.finfo(FP8).max
+    x.cache, x.kv_scale = (grown / scale).to(FP8), scale.reshape(1)
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, x.kv, x.kpe, 0.2, split, kv_lens=x.kv_lens, kv_scale=x.kv_scale, return_lse=True, backend=BACKEND
+    )
+    torch.cuda.synchronize()
+    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, 0.2, kv_lens=x.kv_lens, kv_scale=x.kv_scale, causal=True)
+    check(out, lse, expected, "fp8", torch.bfloat16, seed)

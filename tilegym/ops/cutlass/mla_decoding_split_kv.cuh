@@ -20,7 +20,7 @@
 //   Every shared tile is in the 128-byte-swizzled layout wgmma reads; the KV tiles are read both as
 //   K [64 tokens, 512] (K-major, S = Q K^T) and as V^T [512, 64 tokens] (MN-major, O += P V).
 // Per step, warpgroup 0 (owns O_L = output columns 0..255) and warpgroup 1 (O_R = 256..511), m the
-// running row max (log2 units; with bf16/fp16 caches a lagging frame, see below), "->" a named
+// running row max (log2 units; in fact a lagging frame, see below), "->" a named
 // barrier to the other warpgroup. bf16/fp16 caches:
 //   WG0  S_A = Q K_A^T (wgmma 64x64x16, 36 k-steps; the rope k-steps from registers) -> (issued);
 //        m_A = max(m, rowmax S_A); P_A = exp2(S_A - m_A) -> (m_A, P_A); O_L, l *= exp2(m - m_A);
@@ -41,7 +41,8 @@
 //   m is a frame, not the exact running max: it moves only when a block's max exceeds it by more than
 //   2^8 (kReframeLog2), so probabilities stay <= 256 (exact enough in bf16/fp16, and float sums) and a
 //   thread whose rows kept their frame skips rescaling O (128 multiplies) before a P V; with random
-//   data it rarely moves after a row's first block (same-call A/B: 2-5% faster at 64-128 heads).
+//   data it rarely moves after a row's first block (same-call A/B: 2-5% faster at 64-128 heads; the
+//   fp8 order below does the same: 1-3%).
 // fp8 caches (kFp8) take another order, whose P V matmuls free buffer 0 later but whose score
 // matmuls (and their widening) overlap the step's last P V (same-call A/B: 7-8% faster with fp8 at
 // 64-128 heads, 2-9% slower with bf16). Each warpgroup enters a step with its block's S computed:
@@ -703,7 +704,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           float frame_a[2], scale[2];
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
-            const float m_a = fmaxf(m[k], row_max[k]);
+            const float m_a = next_frame(m[k], row_max[k]);
             frame_a[k] = m_a == -INFINITY ? 0.f : m_a;  // a row that has seen no token: shift by 0 (no inf - inf)
             scale[k] = fast_exp2(m[k] - frame_a[k]);
             l[k] *= scale[k];
@@ -711,7 +712,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           }
           bar_arrive(kBarMaxA);  // m_A -> WG1, whose P_B needs it
           exp_scores(frame_a);
-          scale_o(scale);
+          if (reframed(scale)) scale_o(scale);
           clear_tail(blk_a, 0);
           pv_local(0);
           warpgroup_wait<0>();
@@ -734,7 +735,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           bar_arrive(kBarPAReady);
           if (has_b) {
             bar_wait(kBarPVARIssued);  // P_B is in shared memory, and WG1's P_A V_A,R is issued
-            scale_o(scale);
+            if (reframed(scale)) scale_o(scale);
             clear_tail(blk_b, 1);
             pv_remote(1);  // O_L += P_B V_B,L
           }
@@ -759,7 +760,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             const float m_a = smem.m[0][my_row0 + 8 * k];
-            const float m_b = has_b ? fmaxf(m_a, row_max[k]) : m_a;
+            const float m_b = has_b ? next_frame(m_a, row_max[k]) : m_a;
             const float frame_b = m_b == -INFINITY ? 0.f : m_b;
             scale[k] = fast_exp2(m[k] - frame_b);
             l[k] *= scale[k];
@@ -767,7 +768,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
             if ((wt & 3) == 0) smem.m[1][my_row0 + 8 * k] = m_b;
           }
           bar_arrive(kBarMaxB);
-          scale_o(scale);
+          if (reframed(scale)) scale_o(scale);
           if (has_b) {
             exp_scores(m);
             store_p(1);
