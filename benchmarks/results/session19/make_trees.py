@@ -1,11 +1,15 @@
-# ruff: noqa: E501  (the C++ lines it edits are quoted whole)
 """Session 19: source trees for one device call's A/B (CPU machine; run from the repository root).
 
 .ab/lazy: the bf16 step order keeps a row's max frame until a block's max exceeds it by more than
 2^8 (probabilities up to 256), and skips rescaling O when no row of the thread changed frame.
 .ab/noloads-*: the session-18 no-loads diagnostic with one more part of the step removed
 (wrong results by construction): the O rescaling, the exponentials, the P V matmuls, the score matmuls.
+The edits apply to the tree of commit 832623d (session 19's start; .ab/main and .ab/noloads from
+session 18's next_call.sh prepare); main has since taken LAZY, so on a newer tree they stop with
+the edit they no longer find.
 """
+
+# ruff: noqa: E501  (the C++ lines it edits are quoted whole)
 
 import shutil
 from pathlib import Path
