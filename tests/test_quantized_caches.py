@@ -16,7 +16,7 @@ import torch
 
 from tilegym.backend import implementations
 from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
-from tilegym.ops.accuracy import LSE_ATOL, lse_tolerance, output_tolerance
+from tilegym.ops.accuracy import FP8_MMA_LSE_RTOL, LSE_ATOL, lse_rtol, lse_tolerance, output_tolerance
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.quant import pack_fp8_ds_mla, quantize_mxfp4, round_query_mxfp8
 from tilegym.testing import (
@@ -40,8 +40,8 @@ def expected(x, cache, *, causal: bool, round_query: bool):
     return mla_decode_float64(q, x.qpe, cache.latent, cache.rope, kv_lens=x.kv_lens, causal=causal)
 
 
-def check(out, lse, reference, rel_tol: float, lse_tol: float, seed: int) -> None:
-    assert_matches_float64(out, lse, *reference, rel_tol=rel_tol, lse_atol=lse_tol, seed=seed)
+def check(out, lse, reference, rel_tol: float, lse_tol: float, seed: int, lse_rel: float = 0.0) -> None:
+    assert_matches_float64(out, lse, *reference, rel_tol=rel_tol, lse_atol=lse_tol, lse_rtol=lse_rel, seed=seed)
 
 
 def run_and_check(backend: str, fmt: str, x, layout: str, page_size: int, causal: bool, generator, seed) -> None:
@@ -51,7 +51,7 @@ def run_and_check(backend: str, fmt: str, x, layout: str, page_size: int, causal
     tight = REL_L2_TOLERANCE[torch.bfloat16]
     check(out, lse, expected(x, cache, causal=causal, round_query=rounds_query), tight, LSE_ATOL, seed)
     declared = (output_tolerance(OP, backend, x.q.dtype, fmt), lse_tolerance(OP, backend, fmt))
-    check(out, lse, expected(x, cache, causal=causal, round_query=False), *declared, seed)
+    check(out, lse, expected(x, cache, causal=causal, round_query=False), *declared, seed, lse_rtol(OP, backend, fmt))
 
 
 @pytest.mark.parametrize("layout", ["dense", "paged", "ragged"])
@@ -82,6 +82,35 @@ def test_the_query_rounding_is_what_the_tight_check_relies_on() -> None:
     rounded = expected(x, cache, causal=True, round_query=True)[0]
     assert relative_error(rounded, exact) > 2 * REL_L2_TOLERANCE[torch.bfloat16] / 5, f"seed {seed}"
     assert relative_error(round_query_mxfp8(x.q), x.q.float()) > 0.01
+
+
+def test_fp8_mma_scores_declare_a_relative_lse_bound() -> None:
+    """The part of |lse| added to the lse bound comes from ``fp8_mma_scores`` at registration: cutlass
+    declares it for its fp8 formats (its 16-row kernel scores with fp8 MMA), not for bf16; the
+    backends that widen fp8 before their matmuls do not declare it."""
+    for fmt in ("fp8", "fp8_ds_mla"):
+        assert lse_rtol(OP, "cutlass", fmt) == FP8_MMA_LSE_RTOL
+    assert lse_rtol(OP, "cutlass", torch.bfloat16) == 0.0
+    for backend in ("torch", "triton", "tilecpp", "aiter"):
+        assert lse_rtol(OP, backend, "fp8") == 0.0, backend
+
+
+def test_the_relative_lse_bound_scales_with_each_row() -> None:
+    """``assert_matches_float64`` bounds each row's lse error by atol + rtol * |its lse|: an error of
+    0.01 passes at lse 50 with rtol 3e-4 (bound 0.016) but not at lse 2 (bound 0.0016), nor at lse 50
+    without rtol."""
+    generator, seed = fresh_generator()
+    out = torch.randn(2, 4, 8, generator=generator, dtype=torch.float64)
+    expected_lse = torch.tensor([[50.0, -50.0, 3.0, -2.5], [1.0, 7.0, -4.0, 0.5]], dtype=torch.float64)
+    off = expected_lse.clone()
+    off[0, 0] += 0.01
+    off[0, 1] -= 0.01
+    assert_matches_float64(out, off, out, expected_lse, rel_tol=0.0, lse_atol=1e-3, lse_rtol=3e-4, seed=seed)
+    with pytest.raises(AssertionError, match="lse error"):
+        assert_matches_float64(out, off, out, expected_lse, rel_tol=0.0, lse_atol=1e-3, seed=seed)
+    off[1, 0] += 0.01
+    with pytest.raises(AssertionError, match=r"\(lse 1\)"):
+        assert_matches_float64(out, off, out, expected_lse, rel_tol=0.0, lse_atol=1e-3, lse_rtol=3e-4, seed=seed)
 
 
 @pytest.mark.gpu

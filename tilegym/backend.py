@@ -108,6 +108,9 @@ class Implementation:
     # Cache formats (short dtype names, e.g. "fp8") for which the implementation also rounds the
     # query to that format: its declared accuracy is the format's query-quantised tolerance.
     quantizes_query: frozenset[str] = frozenset()
+    # Cache formats for which it computes scores with the fp8 tensor-core MMA, whose accumulator keeps
+    # fewer bits than float32: its declared lse tolerance gains a term relative to |lse|.
+    fp8_mma_scores: frozenset[str] = frozenset()
     # Packed cache formats (``kv_cache_format``, e.g. "fp8_ds_mla") it reads; every implementation
     # reads the plain ones its dtypes allow.
     packed_kv_formats: frozenset[str] = frozenset()
@@ -211,6 +214,7 @@ class Registry:
         vendor_reasons: VendorReasonsFn | None = None,
         quantizes_query: Sequence[str] = (),
         packed_kv_formats: Sequence[str] = (),
+        fp8_mma_scores: Sequence[str] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``fn`` as ``backend``'s implementation of ``op``.
 
@@ -220,7 +224,8 @@ class Registry:
         without its interpreter), which ``backend_status`` reports without any inputs.
         ``quantizes_query``: cache formats for which it also rounds the query (its declared
         accuracy, see ``tilegym.ops.accuracy``). ``packed_kv_formats``: the packed cache formats it
-        reads (calls in any other are refused with a reason). The backend must be declared;
+        reads (calls in any other are refused with a reason). ``fp8_mma_scores``: cache formats for
+        which it computes the scores with fp8 MMA (a looser lse, same module). The backend must be declared;
         registering twice is an error.
         """
         self._check_declared(backend)
@@ -237,8 +242,9 @@ class Registry:
                 supports or _no_reasons,
                 vendor_reasons or _no_reasons,
                 self,
-                frozenset(quantizes_query),
-                frozenset(packed_kv_formats),
+                quantizes_query=frozenset(quantizes_query),
+                fp8_mma_scores=frozenset(fp8_mma_scores),
+                packed_kv_formats=frozenset(packed_kv_formats),
             )
             with self._lock:
                 if (op, backend) in self._impls:
@@ -528,6 +534,7 @@ def register_impl(
     vendor_reasons: VendorReasonsFn | None = None,
     quantizes_query: Sequence[str] = (),
     packed_kv_formats: Sequence[str] = (),
+    fp8_mma_scores: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``backend``'s implementation of ``op`` (see ``Registry.register_impl``)."""
     return _current().register_impl(
@@ -538,6 +545,7 @@ def register_impl(
         vendor_reasons=vendor_reasons,
         quantizes_query=quantizes_query,
         packed_kv_formats=packed_kv_formats,
+        fp8_mma_scores=fp8_mma_scores,
     )
 
 

@@ -41,7 +41,15 @@ def _mla_supports(call: Any) -> list[str]:
     return supports(call)
 
 
-@register_impl(MLA_DECODING.name, "cutlass", vendors=NVIDIA, supports=_mla_supports, packed_kv_formats=(FP8_DS_MLA,))
+# fp8 caches at up to 16 query rows: scores by fp8 wgmma (mla_decoding_split_kv_fp8.cuh).
+@register_impl(
+    MLA_DECODING.name,
+    "cutlass",
+    vendors=NVIDIA,
+    supports=_mla_supports,
+    packed_kv_formats=(FP8_DS_MLA,),
+    fp8_mma_scores=("fp8", FP8_DS_MLA),
+)
 def plan_mla_decoding_split_kv(call: Any) -> Any:
     from tilegym.ops.cutlass.mla_decoding_split_kv import plan
 
