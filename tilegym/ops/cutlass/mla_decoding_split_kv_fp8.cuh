@@ -31,6 +31,9 @@
 //           bf16 value, 3 any fp16 value, within e4m3's exponent range: elements more than 2^9 below
 //           the row's largest lose low bits). The fp8 MMA accumulates with fewer bits than float32,
 //           so every kChunk k-steps go to a fresh accumulator summed in float32 (two in flight).
+//           What remains grows with the scores: ~1e-4 of |lse| at kChunk = 4, halving with kChunk
+//           (the backend declares fp8_mma_scores; kChunk = 1 still misses 1e-3 at lse ~50 and runs 4-9%
+//           slower, benchmarks/NOTES_cutlass.md, "Session 20").
 //           kDsMla: one accumulator per 128-column scale group, scaled per token, plus the bf16
 //           rope by bf16 wgmma (m64n16k16).
 //   group   S^T goes through shared memory [16, 64] (one per warpgroup); every warp of the group reads
