@@ -44,6 +44,7 @@ import triton.language as tl
 from tilegym.ops.contract import FP8_DS_MLA, MXFP4, MLADecodeCall
 from tilegym.ops.schedule import ScheduleShape, SplitSchedule, layout_code, schedule_shape
 from tilegym.ops.triton.launcher import KernelLauncher, all_aligned, interpreting
+from tilegym.ops.triton.rounding import to_nearest
 from tilegym.ops.triton.splitk_reduce import merge_splits
 from tilegym.utils import cdiv, next_power_of_2
 
@@ -385,7 +386,7 @@ def _mla_split_kernel(
                 scores = _dot(qpe, kpe_t, tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
                 scores = _dot(q, k_t, scores, DOT_F32)
                 p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
-                acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
+                acc = _dot(to_nearest(p, v.dtype, DOT_F32), v, acc * alpha[:, None], DOT_F32)
 
         if IS_FP8:
             acc = acc * kv_scale
@@ -401,7 +402,7 @@ def _mla_split_kernel(
         final_rows = b64 * query_rows + offs_r
         tl.store(
             out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
+            to_nearest(out, out_ptr.dtype.element_ty, DOT_F32),
             final_mask[:, None],
         )
         if WRITE_LSE:
@@ -828,7 +829,7 @@ def _attend_mxfp4(
         scores += tl.dot_scaled(q8, q_scales, "e4m3", tl.trans(packed), scales, "e2m1")
         p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
         v = _mxfp4_tile(packed, scales, BLOCK_N, HEAD_DIM, qpe.dtype)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
+        acc = _dot(to_nearest(p, v.dtype, DOT_F32), v, acc * alpha[:, None], DOT_F32)
     return m_i, l_i, acc
 
 
@@ -860,6 +861,7 @@ def _mla_combine_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     # Memory traffic per program: the lse and BLOCK_D columns of the partials of one query
     # row's segments (read only for rows split over several segments), BLOCK_D * 2 bytes
@@ -887,7 +889,9 @@ def _mla_combine_kernel(
     row = b.to(tl.int64) * query_rows + r
     write = merge | empty
     tl.store(
-        out_ptr + row * HEAD_DIM + offs_d, merged.to(out_ptr.dtype.element_ty), offs_d < tl.where(write, HEAD_DIM, 0)
+        out_ptr + row * HEAD_DIM + offs_d,
+        to_nearest(merged, out_ptr.dtype.element_ty, INTERPRETED),
+        offs_d < tl.where(write, HEAD_DIM, 0),
     )
     if WRITE_LSE:
         if pid_d == 0:
@@ -966,6 +970,7 @@ class TritonDecodePlan:
                 "BLOCK_D": block_d,
                 "BLOCK_S": COMBINE_BLOCK_SPLITS,
                 "WRITE_LSE": call.return_lse,
+                "INTERPRETED": interpreting(call.device),
             },
             num_warps=4,
             num_stages=1,

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tilegym.ops.triton.launcher import interpreter_guard
+from tilegym.ops.triton.launcher import interpreter_guard, interpreting
+from tilegym.ops.triton.rounding import to_nearest
 from tilegym.utils import cdiv, multiprocessor_count, next_power_of_2
 
 _MAX_BLOCK_D = 512
@@ -119,6 +120,7 @@ def _splitk_reduce_kernel(
     BLOCK_SPLITS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     # Memory traffic per program: N * 4 bytes of lse (read twice, cached), at most
     # N * BLOCK_D * sizeof(partial) bytes of partial outputs (non-empty splits only),
@@ -136,7 +138,8 @@ def _splitk_reduce_kernel(
     merged, merged_lse = merge_splits(
         lse_row, stride_pl_n, po_row, stride_po_n, offs_d, d_mask, num_splits, BLOCK_SPLITS, BLOCK_D
     )
-    tl.store(out_ptr + b * stride_o_b + h * stride_o_h + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
+    merged = to_nearest(merged, out_ptr.dtype.element_ty, INTERPRETED)
+    tl.store(out_ptr + b * stride_o_b + h * stride_o_h + offs_d, merged, mask=d_mask)
     if WRITE_LSE:
         if pid_d == 0:
             tl.store(lse_out_ptr + b * stride_lo_b + h * stride_lo_h, merged_lse)
@@ -187,5 +190,6 @@ def splitk_reduce_into(
             BLOCK_SPLITS=block_splits,
             BLOCK_D=block_d,
             WRITE_LSE=lse_out is not None,
+            INTERPRETED=interpreting(partial_out.device),
             num_warps=tiles.num_warps,
         )
