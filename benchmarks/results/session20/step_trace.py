@@ -173,7 +173,7 @@ def run() -> None:
     err, ptr, size = drv.cuModuleGetGlobal(kernel._modules[-1], b"tilegym_step_trace")
     assert int(err) == 0, err
     trace = np.zeros((2, 2, STEPS, EVENTS), dtype=np.uint64)
-    (err,) = drv.cuMemcpyDtoH(trace, ptr, size)
+    (err,) = drv.cuMemcpyDtoH(trace.ctypes.data, ptr, min(size, trace.nbytes))
     assert int(err) == 0, err
     t = trace.astype(np.int64)
     for cta in range(2):
