@@ -91,7 +91,7 @@ def signature(plan: TritonDecodePlan, call) -> tuple[dict, dict, dict]:
     args = plan.split_arguments(call.q, call.qpe, call.kv, call.kpe, scale, call.out, lse)
     constexprs = {  # as on an NVIDIA GPU: never the interpreter's float32 dots or its portable fp8 widening
         **launcher.constexprs,
-        "DOT_F32": False,
+        "INTERPRETED": False,
         "FP8_PAIRS": fp8_pairs_mode(call, plan.config, call.kv.data_ptr(), vendor="nvidia"),
     }
     runtime = [n for n in _mla_split_kernel.arg_names if n not in constexprs]

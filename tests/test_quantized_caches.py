@@ -95,6 +95,17 @@ def test_fp8_mma_scores_declare_a_relative_lse_bound() -> None:
         assert lse_rtol(OP, backend, "fp8") == 0.0, backend
 
 
+def test_declared_cache_formats_are_known_formats() -> None:
+    """Every cache format an implementation names at registration (query rounding, fp8 MMA scores,
+    packed formats it reads) is a format ``tilegym.quant`` knows: a misspelt name would silently
+    drop the declaration."""
+    from tilegym.quant import CACHE_FORMATS
+
+    for backend, impl in implementations(OP).items():
+        named = impl.quantizes_query | impl.fp8_mma_scores | impl.packed_kv_formats
+        assert named <= set(CACHE_FORMATS), (backend, sorted(named - set(CACHE_FORMATS)))
+
+
 def test_the_relative_lse_bound_scales_with_each_row() -> None:
     """``assert_matches_float64`` bounds each row's lse error by atol + rtol * |its lse|: an error of
     0.01 passes at lse 50 with rtol 3e-4 (bound 0.016) but not at lse 2 (bound 0.0016), nor at lse 50

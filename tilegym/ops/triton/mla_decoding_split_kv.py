@@ -22,8 +22,9 @@ memory and widened exactly as each dot reads them; the per-tensor ``kv_scale`` i
 into the score scale and the output. Up to 32 query rows on NVIDIA GPUs (fp16 dot operands) the
 fp8 tile is read as int16 pairs of bytes: 16-bit operand loads (``ldmatrix``, transposing for V)
 instead of byte gathers, each pair widened to fp16 by one ``cvt``, each dot split into the even and
-odd columns (``_attend_fp8_pairs``). Under Triton's CPU interpreter (``DOT_F32``), dot operands are widened to float32:
-the interpreter computes bf16 and fp8 dots wrongly, so the kernel never asks it to.
+odd columns (``_attend_fp8_pairs``). Under Triton's CPU interpreter (``INTERPRETED``), dot operands
+are widened to float32 (the interpreter computes bf16 and fp8 dots wrongly, so the kernel never asks
+it to) and bf16 results are rounded to nearest (``rounding.to_nearest``; the interpreter truncates).
 
 No host synchronisation, no value-dependent allocation, no atomics: graph-capturable and
 deterministic. The ROCm path is the same source, untested on hardware; AMD would want
@@ -182,9 +183,9 @@ def default_config(call: MLADecodeCall, vendor: str | None = None) -> KernelConf
 
 
 @triton.jit
-def _dot(a, b, acc, DOT_F32: tl.constexpr):
+def _dot(a, b, acc, INTERPRETED: tl.constexpr):
     """``acc + a @ b``; under the interpreter in float32 (it multiplies bf16/fp8 bits wrongly)."""
-    if DOT_F32:
+    if INTERPRETED:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
 
@@ -266,7 +267,7 @@ def _mla_split_kernel(
     FP8_V_FP16: tl.constexpr,
     FP8_FP16_SCORES: tl.constexpr,
     WRITE_LSE: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     # Memory traffic per program: its piece of the step's KV blocks, (D + P) * sizeof(kv)
     # bytes per token read from DRAM once for all BLOCK_H query rows (fp8 pipelined: the
@@ -343,19 +344,19 @@ def _mla_split_kernel(
             m_i, l_i, acc = _attend_fp8_ds_mla(
                 q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
                 row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_scale_0,
-                stride_scale_1, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, FP8_PAIRS, DOT_F32,
+                stride_scale_1, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, FP8_PAIRS, INTERPRETED,
             )  # fmt: skip
         elif KV_FORMAT == 2:
             m_i, l_i, acc = _attend_mxfp4(
                 q, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
                 stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_scale_0, stride_scale_1, HEAD_DIM,
-                ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, DOT_F32,
+                ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, INTERPRETED,
             )  # fmt: skip
         elif FP8_PAIRS > 0:
             m_i, l_i, acc = _attend_fp8_pairs(
                 q, qpe, kv_row, kpe_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
                 stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, HEAD_DIM, ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT,
-                PAGE_SIZE, NUM_STAGES, FP8_PAIRS, DOT_F32,
+                PAGE_SIZE, NUM_STAGES, FP8_PAIRS, INTERPRETED,
             )  # fmt: skip
         else:
             m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -383,10 +384,10 @@ def _mla_split_kernel(
                     v = kv
                     k_t = tl.trans(kv)
                     kpe_t = tl.trans(kpe)
-                scores = _dot(qpe, kpe_t, tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
-                scores = _dot(q, k_t, scores, DOT_F32)
+                scores = _dot(qpe, kpe_t, tl.zeros([BLOCK_H, BLOCK_N], tl.float32), INTERPRETED)
+                scores = _dot(q, k_t, scores, INTERPRETED)
                 p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
-                acc = _dot(to_nearest(p, v.dtype, DOT_F32), v, acc * alpha[:, None], DOT_F32)
+                acc = _dot(to_nearest(p, v.dtype, INTERPRETED), v, acc * alpha[:, None], INTERPRETED)
 
         if IS_FP8:
             acc = acc * kv_scale
@@ -402,7 +403,7 @@ def _mla_split_kernel(
         final_rows = b64 * query_rows + offs_r
         tl.store(
             out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
-            to_nearest(out, out_ptr.dtype.element_ty, DOT_F32),
+            to_nearest(out, out_ptr.dtype.element_ty, INTERPRETED),
             final_mask[:, None],
         )
         if WRITE_LSE:
@@ -486,7 +487,7 @@ def _groups_to_fp16(q0, q1, q2, q3):
 
 
 @triton.jit
-def _scaled_group_update(acc, alpha, p, scale, values, DOT_F32: tl.constexpr):
+def _scaled_group_update(acc, alpha, p, scale, values, INTERPRETED: tl.constexpr):
     """``acc * alpha + (p * scale) @ values`` for one column group whose tokens carry float32
     scales [BLOCK_N]: P is scaled per token relative to the tile's largest scale (so it stays in
     [0, 1] and keeps fp16's 11 bits whatever the scales' magnitude), and the dot result is
@@ -494,7 +495,7 @@ def _scaled_group_update(acc, alpha, p, scale, values, DOT_F32: tl.constexpr):
     top = tl.max(scale, axis=0)
     top = tl.where(top > 0, top, 1.0)
     scaled_p = (p * (scale / top)[None, :]).to(tl.float16)
-    return acc * alpha[:, None] + top * _dot(scaled_p, values, tl.zeros(acc.shape, tl.float32), DOT_F32)
+    return acc * alpha[:, None] + top * _dot(scaled_p, values, tl.zeros(acc.shape, tl.float32), INTERPRETED)
 
 
 @triton.jit
@@ -529,23 +530,23 @@ def _interleave(even, odd, ROWS: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _pair_scores(q_even, q_odd, pairs, acc, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr):
+def _pair_scores(q_even, q_odd, pairs, acc, FP8_PAIRS: tl.constexpr, INTERPRETED: tl.constexpr):
     """``acc + q @ K^T`` for the fp8 tile K [BLOCK_N, 2 * C] given as byte pairs [BLOCK_N, C] and the
     query's even and odd columns [BLOCK_H, C] (fp16)."""
     k_even, k_odd = _e4m3_pairs_to_f16(tl.trans(pairs), FP8_PAIRS)
-    return _dot(q_odd, k_odd, _dot(q_even, k_even, acc, DOT_F32), DOT_F32)
+    return _dot(q_odd, k_odd, _dot(q_even, k_even, acc, INTERPRETED), INTERPRETED)
 
 
 @triton.jit
-def _scaled_pair_update(acc_even, acc_odd, alpha, p, scale, pairs, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr):
+def _scaled_pair_update(acc_even, acc_odd, alpha, p, scale, pairs, FP8_PAIRS: tl.constexpr, INTERPRETED: tl.constexpr):
     """``_scaled_group_update`` for a group given as byte pairs: the even and odd output columns."""
     top = tl.max(scale, axis=0)
     top = tl.where(top > 0, top, 1.0)
     scaled_p = (p * (scale / top)[None, :]).to(tl.float16)
     v_even, v_odd = _e4m3_pairs_to_f16(pairs, FP8_PAIRS)
     zero = tl.zeros(acc_even.shape, tl.float32)
-    acc_even = acc_even * alpha[:, None] + top * _dot(scaled_p, v_even, zero, DOT_F32)
-    acc_odd = acc_odd * alpha[:, None] + top * _dot(scaled_p, v_odd, zero, DOT_F32)
+    acc_even = acc_even * alpha[:, None] + top * _dot(scaled_p, v_even, zero, INTERPRETED)
+    acc_odd = acc_odd * alpha[:, None] + top * _dot(scaled_p, v_odd, zero, INTERPRETED)
     return acc_even, acc_odd
 
 
@@ -554,7 +555,7 @@ def _attend_fp8_pairs(
     q, qpe, kv_row, kpe_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
     stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr,
+    NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """One row segment over a per-tensor fp8 cache read as int16 pairs of bytes: (running max, sum,
     output [BLOCK_H, HEAD_DIM]); ``q`` and ``qpe`` are the fp16 queries of ``_queries_to_fp16``.
@@ -587,13 +588,13 @@ def _attend_fp8_pairs(
         )
         pairs = tl.load(pairs_row + (kv_offs // 2)[:, None] + offs_j[None, :], mask=n_mask[:, None], other=0)
         kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-        scores = _dot(qpe, tl.trans(kpe).to(tl.float16), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
-        scores = _pair_scores(q_even, q_odd, pairs, scores, FP8_PAIRS, DOT_F32)
+        scores = _dot(qpe, tl.trans(kpe).to(tl.float16), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), INTERPRETED)
+        scores = _pair_scores(q_even, q_odd, pairs, scores, FP8_PAIRS, INTERPRETED)
         p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
         v_even, v_odd = _e4m3_pairs_to_f16(pairs, FP8_PAIRS)
         p16 = p.to(tl.float16)
-        acc_even = _dot(p16, v_even, acc_even * alpha[:, None], DOT_F32)
-        acc_odd = _dot(p16, v_odd, acc_odd * alpha[:, None], DOT_F32)
+        acc_even = _dot(p16, v_even, acc_even * alpha[:, None], INTERPRETED)
+        acc_odd = _dot(p16, v_odd, acc_odd * alpha[:, None], INTERPRETED)
     return m_i, l_i, _interleave(acc_even, acc_odd, BLOCK_H, HEAD_DIM)
 
 
@@ -617,7 +618,7 @@ def _attend_fp8_ds_mla(
     q_ptr, q_rows, r_mask, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale,
     num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
     ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """One row segment over an ``fp8_ds_mla`` cache: (running max, sum, output [BLOCK_H, 512]).
 
@@ -641,7 +642,7 @@ def _attend_fp8_ds_mla(
         return _attend_fp8_ds_mla_pairs(
             q0, q1, q2, q3, head_scale, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
             row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
-            ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, FP8_PAIRS, DOT_F32,
+            ROPE_DIM, BLOCK_H, BLOCK_N, LAYOUT, PAGE_SIZE, NUM_STAGES, FP8_PAIRS, INTERPRETED,
         )  # fmt: skip
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -661,16 +662,16 @@ def _attend_fp8_ds_mla(
         k3, v3 = _fp8_operands(kv_tile + 3 * GROUP, n_mask, tl.float16, tl.float16, NUM_STAGES)
         s0, s1, s2, s3, kpe = _ds_mla_scales_and_rope(scale_row, s_offs, kpe_row, kpe_offs, n_mask, ROPE_DIM)
         zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
-        latent = _dot(q0, k0, zero, DOT_F32) * s0[None, :]
-        latent += _dot(q1, k1, zero, DOT_F32) * s1[None, :]
-        latent += _dot(q2, k2, zero, DOT_F32) * s2[None, :]
-        latent += _dot(q3, k3, zero, DOT_F32) * s3[None, :]
-        scores = _dot(qpe, tl.trans(kpe), zero, DOT_F32) + latent * head_scale[:, None]
+        latent = _dot(q0, k0, zero, INTERPRETED) * s0[None, :]
+        latent += _dot(q1, k1, zero, INTERPRETED) * s1[None, :]
+        latent += _dot(q2, k2, zero, INTERPRETED) * s2[None, :]
+        latent += _dot(q3, k3, zero, INTERPRETED) * s3[None, :]
+        scores = _dot(qpe, tl.trans(kpe), zero, INTERPRETED) + latent * head_scale[:, None]
         p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
-        acc0 = _scaled_group_update(acc0, alpha, p, s0, v0, DOT_F32)
-        acc1 = _scaled_group_update(acc1, alpha, p, s1, v1, DOT_F32)
-        acc2 = _scaled_group_update(acc2, alpha, p, s2, v2, DOT_F32)
-        acc3 = _scaled_group_update(acc3, alpha, p, s3, v3, DOT_F32)
+        acc0 = _scaled_group_update(acc0, alpha, p, s0, v0, INTERPRETED)
+        acc1 = _scaled_group_update(acc1, alpha, p, s1, v1, INTERPRETED)
+        acc2 = _scaled_group_update(acc2, alpha, p, s2, v2, INTERPRETED)
+        acc3 = _scaled_group_update(acc3, alpha, p, s3, v3, INTERPRETED)
     return m_i, l_i, _concat_groups(acc0, acc1, acc2, acc3, BLOCK_H, GROUP)
 
 
@@ -679,7 +680,7 @@ def _attend_fp8_ds_mla_pairs(
     q0, q1, q2, q3, head_scale, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit,
     row_scale, num_pages, stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
     ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, DOT_F32: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, FP8_PAIRS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """``_attend_fp8_ds_mla`` with each 128-column group read as [BLOCK_N, 64] byte pairs
     (``_e4m3_pairs_to_f16``): every group's dots split into its even and odd columns."""
@@ -712,16 +713,16 @@ def _attend_fp8_ds_mla_pairs(
         g3 = tl.load(pair_tile + 3 * HALF, mask=n_mask[:, None], other=0)
         s0, s1, s2, s3, kpe = _ds_mla_scales_and_rope(scale_row, s_offs, kpe_row, kpe_offs, n_mask, ROPE_DIM)
         zero = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
-        latent = _pair_scores(q0e, q0o, g0, zero, FP8_PAIRS, DOT_F32) * s0[None, :]
-        latent += _pair_scores(q1e, q1o, g1, zero, FP8_PAIRS, DOT_F32) * s1[None, :]
-        latent += _pair_scores(q2e, q2o, g2, zero, FP8_PAIRS, DOT_F32) * s2[None, :]
-        latent += _pair_scores(q3e, q3o, g3, zero, FP8_PAIRS, DOT_F32) * s3[None, :]
-        scores = _dot(qpe, tl.trans(kpe), zero, DOT_F32) + latent * head_scale[:, None]
+        latent = _pair_scores(q0e, q0o, g0, zero, FP8_PAIRS, INTERPRETED) * s0[None, :]
+        latent += _pair_scores(q1e, q1o, g1, zero, FP8_PAIRS, INTERPRETED) * s1[None, :]
+        latent += _pair_scores(q2e, q2o, g2, zero, FP8_PAIRS, INTERPRETED) * s2[None, :]
+        latent += _pair_scores(q3e, q3o, g3, zero, FP8_PAIRS, INTERPRETED) * s3[None, :]
+        scores = _dot(qpe, tl.trans(kpe), zero, INTERPRETED) + latent * head_scale[:, None]
         p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
-        a0e, a0o = _scaled_pair_update(a0e, a0o, alpha, p, s0, g0, FP8_PAIRS, DOT_F32)
-        a1e, a1o = _scaled_pair_update(a1e, a1o, alpha, p, s1, g1, FP8_PAIRS, DOT_F32)
-        a2e, a2o = _scaled_pair_update(a2e, a2o, alpha, p, s2, g2, FP8_PAIRS, DOT_F32)
-        a3e, a3o = _scaled_pair_update(a3e, a3o, alpha, p, s3, g3, FP8_PAIRS, DOT_F32)
+        a0e, a0o = _scaled_pair_update(a0e, a0o, alpha, p, s0, g0, FP8_PAIRS, INTERPRETED)
+        a1e, a1o = _scaled_pair_update(a1e, a1o, alpha, p, s1, g1, FP8_PAIRS, INTERPRETED)
+        a2e, a2o = _scaled_pair_update(a2e, a2o, alpha, p, s2, g2, FP8_PAIRS, INTERPRETED)
+        a3e, a3o = _scaled_pair_update(a3e, a3o, alpha, p, s3, g3, FP8_PAIRS, INTERPRETED)
     GROUP: tl.constexpr = 2 * HALF
     acc = _concat_groups(
         _interleave(a0e, a0o, BLOCK_H, GROUP),
@@ -799,7 +800,7 @@ def _attend_mxfp4(
     q, qpe, kv_row, kpe_row, scale_row, table_row, blk_lo, blk_hi, length, limit, row_scale, num_pages,
     stride_kv_0, stride_kv_1, stride_kpe_0, stride_kpe_1, stride_s_0, stride_s_1,
     HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
+    LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """One row segment over an ``mxfp4`` cache: (running max, sum, output [BLOCK_H, HEAD_DIM]).
 
@@ -825,11 +826,11 @@ def _attend_mxfp4(
         packed = tl.load(kv_row + kv_offs[:, None] + offs_half[None, :], mask=n_mask[:, None], other=0)
         scales = tl.load(scale_row + s_offs[:, None] + offs_blocks[None, :], mask=n_mask[:, None], other=0)
         kpe = tl.load(kpe_row + kpe_offs[:, None] + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-        scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_F32)
+        scores = _dot(qpe, tl.trans(kpe), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), INTERPRETED)
         scores += tl.dot_scaled(q8, q_scales, "e4m3", tl.trans(packed), scales, "e2m1")
         p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
         v = _mxfp4_tile(packed, scales, BLOCK_N, HEAD_DIM, qpe.dtype)
-        acc = _dot(to_nearest(p, v.dtype, DOT_F32), v, acc * alpha[:, None], DOT_F32)
+        acc = _dot(to_nearest(p, v.dtype, INTERPRETED), v, acc * alpha[:, None], INTERPRETED)
     return m_i, l_i, acc
 
 
@@ -1003,7 +1004,7 @@ class TritonDecodePlan:
                 "FP8_V_FP16": config.fp8_v_fp16,
                 "FP8_FP16_SCORES": config.fp8_fp16_scores,
                 "WRITE_LSE": call.return_lse,
-                "DOT_F32": interpreting(call.device),
+                "INTERPRETED": interpreting(call.device),
             },
             num_warps=config.num_warps,
             num_stages=config.num_stages,
