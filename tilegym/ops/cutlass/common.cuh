@@ -44,6 +44,10 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
 }
+// One arrival on bar (its phase completes after the count given to mbar_init).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
 // TMA: the box at (c0, c1, c2) of the tensor map at `map` (a __grid_constant__ parameter) -> dst;
 // its bytes complete on bar.
 __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2, uint64_t* bar) {
@@ -51,6 +55,14 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, 
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
           shared_address(dst)),
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(bar))
+      : "memory");
+}
+// The same for a 4-D map: the box at (c0, c1, c2, c3).
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+          shared_address(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
       : "memory");
 }
 // A contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> dst; its

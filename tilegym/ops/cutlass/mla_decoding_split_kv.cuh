@@ -2,8 +2,9 @@
 // rows per KV read (the compute-bound case: 64/128 heads, or several new tokens per row). Two
 // warpgroups take alternate KV blocks ("seesaw"), so one's softmax overlaps the other's matmuls.
 //
-// One CTA = (piece p of the schedule, group of 64 query rows); 256 threads = two warpgroups; one
-// wave of persistent CTAs (tilegym/ops/schedule.py). The CTA walks the batch rows its piece meets
+// One CTA = (piece p of the schedule, group of 64 query rows); two consumer warpgroups (bf16/fp16:
+// and a third, the producer, that issues every TMA load; 384 threads; kFp8: 256); one wave of
+// persistent CTAs (tilegym/ops/schedule.py). The CTA walks the batch rows its piece meets
 // and, for each, attends its 64 query rows (r = token * heads + head; rows past query_rows are zero
 // and never stored) to the row's KV blocks [lo, hi) inside the piece, 64 tokens per block, two
 // blocks per step: block A in buffer 0, block B in buffer 1. A segment that is the whole row
@@ -24,14 +25,21 @@
 // barrier to the other warpgroup. bf16/fp16 caches:
 //   WG0  S_A = Q K_A^T (wgmma 64x64x16, 36 k-steps; the rope k-steps from registers) -> (issued);
 //        m_A = max(m, rowmax S_A); P_A = exp2(S_A - m_A) -> (m_A, P_A); O_L, l *= exp2(m - m_A);
-//        O_L += P_A V_A,L (P_A from registers); refill buffer 0's tiles 0..3;
+//        O_L += P_A V_A,L (P_A from registers); release buffer 0's tiles 0..3;
 //        (m_B, P_B) ->; O_L, l *= exp2(m_A - m_B); O_L += P_B V_B,L (P_B from shared memory);
-//        refill buffer 1's tiles 0..3; (P_A free) ->.
+//        release buffer 1's tiles 0..3; (P_A free) ->.
 //   WG1  (issued) ->; S_B = Q K_B^T; (m_A, P_A) ->; O_R, l *= exp2(m - m_A); O_R += P_A V_A,R;
 //        m_B = max(m_A, rowmax S_B); P_B = exp2(S_B - m_B) -> (m_B, P_B); once P_A V_A,R is done,
-//        refill buffer 0's tiles 4..8 -> (P_A free); O_R, l *= exp2(m_A - m_B); O_R += P_B V_B,R;
-//        refill buffer 1's tiles 4..8.
+//        release buffer 0's tiles 4..8 -> (P_A free); O_R, l *= exp2(m_A - m_B); O_R += P_B V_B,R;
+//        release buffer 1's tiles 4..8.
+//   WG2  (the producer, one warp) for each block of the CTA in order, each side of its buffer once
+//        released: one TMA box of the side's 4 latent tiles (+ the rope for side 1).
 //   So buffer 0 is free half a step before buffer 1, and the two refills overlap different matmuls.
+//   A release is one mbarrier arrival per warp; the consumers never wait on a TMA issue, which under
+//   load took ~1000 cycles of a ~6900-cycle step per refill when they issued their own (session 21's
+//   step timeline; same-process A/Bs: 0-9% faster at 128 heads, dense or in pages of 64, 1-2% faster
+//   at 64 heads in pages of 64, 1% slower there dense, 0-4% slower in pages of 16;
+//   benchmarks/NOTES_cutlass.md, "Session 21").
 //   S_B's matmuls queue behind S_A's, so S_A ends first and its softmax overlaps S_B, and block B's
 //   tiles (refilled last) get S_A's time to land; P_B goes out before P_A V_A,R is done, and WG0
 //   rewrites P_A's shared copy only after "P_A free" (same-call A/B: 3-6% off at 128 heads).
@@ -59,7 +67,9 @@
 //   block issues one zeroing k-step instead of its next S, so that ptxas never sees the accumulator
 //   written by other instructions inside a wgmma pipeline stage (it would serialise the matmuls, C7515).
 // Loads: TMA boxes of [box_rows tokens, 64 columns] per tile, one mbarrier per (buffer, tile)
-// counting the bytes; the score matmuls wait tile by tile, in tile order (bf16: WG1 starting at tile
+// counting the bytes (bf16/fp16 with whole-block boxes: one box [4 tiles, 64 tokens, 64 columns] per
+// side from a 4-D view of the latent, landing on the side's first barrier); the score matmuls wait
+// tile by tile, in tile order (bf16: WG1 starting at tile
 // 4, the half it refills itself, was 0-2% slower in same-call A/Bs) or, in fp8's order, WG1 in its
 // refill order (4..8, then 0..3). Issuing each bf16 refill after the next matmul instead of before it
 // was 40-50% slower (7-16% without branches): a load issued late is a load waited for.
@@ -89,7 +99,8 @@
 // with the cache read as L * 576 * 1 B; shared memory gains the widening: 36 KB read and 72 KB
 // written per block.
 //
-// Layout: the TMA maps view the latent and rope caches as [units, rows, columns]: dense = (batch
+// Layout: the TMA maps view the latent and rope caches as [units, rows, columns] (a 16-bit latent as
+// [units, 8 tiles, rows, 64 columns], the tile stride 128 B below the row stride): dense = (batch
 // rows, tokens), paged = (pages, page_size) with the pages of a row from a block-table row
 // (ragged = 0) or kv_indices[kv_indptr[b]:] (ragged = 1). Page ids are clamped to [0, num_pages) and
 // lengths were clamped to the row's pages by the schedule: no read leaves the cache. Strides are in
@@ -148,6 +159,10 @@ inline constexpr int kBarPAFree = 6;   // WG1 -> WG0: P_A V_A,R is done, P_A's s
 // kFp8's step order: P_A is published scaled to m_B, and P_A V_A,R comes after WG1's own P_B V_B,R.
 inline constexpr int kBarPAReady = 7;     // WG0 -> WG1: P_A (relative to m_B) is in shared memory
 inline constexpr int kBarPVARIssued = 8;  // WG1 -> WG0: P_B is in shared memory and P_A V_A,R issued
+inline constexpr int kBarConsumers = 9;   // both consumer warpgroups (bf16/fp16, beside the producer)
+// bf16/fp16: registers per thread after setmaxnreg (3 x 128 threads launched at 168: 2 x 240 + 24 <= 512).
+inline constexpr int kConsumerRegisters = 240;
+inline constexpr int kProducerRegisters = 24;
 
 // The input type's CuTe element type and its wgmma atoms (CuTe picks the instruction from the
 // element types, tile shape and operand majors): scores S = Q K^T (64x64x16, Q from shared memory;
@@ -213,6 +228,7 @@ struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   float sum[2][kRows];                      // per-warpgroup row sums at the end of a segment
   float q_factor[kRows];                    // kFp8: the power of two each query row was scaled by
   uint64_t full[2][kTiles];                 // (buffer, tile) has landed
+  uint64_t empty[2][2];                     // bf16/fp16: (buffer, side) is no longer read (4 warp arrivals)
 };
 
 using tilegym_cutlass::commit_async_copies;
@@ -295,7 +311,7 @@ __device__ __forceinline__ float fp16_row_factor(float amax) {
 // (Sharing the loads by TMA multicast instead was slower: each refill then waits for the slower CTA
 // of the pair.) kPair = 1: a cluster of one CTA.
 template <typename T, int kPair, int kFp8>
-__global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_decode_cute_split_kernel(
+__global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
@@ -313,11 +329,15 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
   // widened together under one barrier.
   constexpr int kGroup = kFp8 ? TILEGYM_FP8_WIDEN_TILES : 1;
   static_assert(kGroup == 1 || kGroup == 2, "a side's 4 tiles go in groups of 1 or 2");
+  // bf16/fp16 with whole-block boxes: a side's four latent tiles are one TMA box [64 columns, 64 tokens,
+  // 4 tiles] of the 4-D latent map, landing on the side's first barrier (its other three stay unarmed).
+  const bool side_boxes = kFp8 == 0 && box_rows == kTokens;
 
   // The swizzled layouts need 1 KB alignment: the launch asks for sizeof(SharedStorage) + 1 KB.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned misalign = shared_address(smem_raw) & 1023u;
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
+  auto tile_barrier = [&](int buf, int t) { return &smem.full[buf][side_boxes && t < 8 ? t & ~3 : t]; };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;  // 0: block A, O columns 0..255; 1: block B, O columns 256..511
@@ -332,9 +352,83 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
 
   if (tid == 0) {
     for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
+    for (int i = 0; i < 4; ++i) mbar_init(&smem.empty[i / 2][i % 2], 4);
   }
   tilegym_cutlass::allow_dependent_launch();  // the combine may be placed as SMs free up
   __syncthreads();
+
+  // bf16/fp16: warpgroup 2 is the producer. Its first warp issues every TMA load of the CTA, in block
+  // order, each (buffer, side) once the warpgroup that read it last has released it; the consumers
+  // never wait on a TMA issue. Registers move to the consumers (setmaxnreg).
+  if constexpr (kFp8 == 0) {
+    if (wg == 2) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+      if (wt >= 32) return;
+      int used = 0, phases = 0;  // bit 2 buf + side: loaded before; the parity its release will complete
+      for (int b = first_row; b <= last_row; ++b) {
+        const int row_begin = cum_blocks[b];
+        const int row_end = cum_blocks[b + 1];
+        const int lo = start > row_begin ? start : row_begin;
+        const int hi = start + per < row_end ? start + per : row_end;
+        if (lo >= hi) continue;
+        const int len = lens[b];
+        const int* table_row = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
+        for (int blk = lo - row_begin; blk < hi - row_begin; ++blk) {
+          const int buf = (blk - (lo - row_begin)) & 1;
+          const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
+#pragma unroll 1
+          for (int side = 0; side < 2; ++side) {
+            const int bit = 1 << (2 * buf + side);
+            if (used & bit) {
+              mbar_wait(&smem.empty[buf][side], (phases & bit) != 0);
+              phases ^= bit;
+            }
+            used |= bit;
+            const int t0 = side == 0 ? 0 : kLeftTiles, t1 = side == 0 ? kLeftTiles : kTiles;
+            if (side_boxes) {  // boxes is 0 or 1
+              if (wt != 0) continue;
+              mbar_expect_bytes(&smem.full[buf][t0], boxes * kLeftTiles * kTileBytes);
+              if (side == 1) mbar_expect_bytes(&smem.full[buf][8], boxes * kTileBytes);
+              if (boxes == 0) continue;
+              const auto [unit, row] =
+                  tilegym_cutlass::box_origin(table_row, b, blk * kTokens, paged, page_size, num_pages);
+              tilegym_cutlass::tma_load_4d(wide_tile(smem, buf, t0), &kv_map, 0, row, t0, unit, &smem.full[buf][t0]);
+              if (side == 1) tma_load_3d(wide_tile(smem, buf, 8), &kpe_map, 0, row, unit, &smem.full[buf][8]);
+              continue;
+            }
+            if (wt == 0) {
+              for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * kRowBytes);
+            }
+            for (int box = wt; box < boxes; box += 32) {  // lanes split a paged block's boxes
+              const auto [unit, row] = tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged,
+                                                                   page_size, num_pages);
+              for (int t = t0; t < t1; ++t) {
+                unsigned char* dst = wide_tile(smem, buf, t) + box * box_rows * kRowBytes;
+                if (t < 8)
+                  tilegym_cutlass::tma_load_4d(dst, &kv_map, 0, row, t, unit, &smem.full[buf][t]);
+                else
+                  tma_load_3d(dst, &kpe_map, 0, row, unit, &smem.full[buf][t]);
+              }
+            }
+          }
+        }
+      }
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  }
+  // The consumers' CTA-wide barrier (the producer, if any, never joins).
+  auto consumers_sync = [&] {
+    if constexpr (kFp8 == 0)
+      asm volatile("bar.sync %0, 256;\n" ::"r"(kBarConsumers) : "memory");
+    else
+      __syncthreads();
+  };
+  // bf16/fp16: this warpgroup is done reading its side of buffer buf (its wgmma waited): one arrival
+  // per warp.
+  auto release = [&](int buf) {
+    if ((wt & 31) == 0) tilegym_cutlass::mbar_arrive(&smem.empty[buf][wg]);
+  };
 
   auto mma_s = make_tiled_mma(typename Types<M>::MmaS{});
   auto mma_s_rope = make_tiled_mma(typename Types<M>::MmaSRope{});
@@ -430,9 +524,10 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
     const int first_blk = lo - row_begin, end_blk = hi - row_begin;
 
     const int* table_row = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
-    // This warpgroup's tiles of block blk into buffer buf by TMA, issued by its first warp: boxes of
+    // kFp8: this warpgroup's tiles of block blk into buffer buf by TMA, issued by its first warp: boxes of
     // box_rows tokens (a dense row's whole block, or the part of one page), lane l taking boxes
     // l, l + 32, ...; boxes wholly past the row's length are skipped (their bytes not expected).
+    // (bf16/fp16: the producer warpgroup's loop above.)
     auto issue_block = [&](int blk, int buf) {
       if (wt >= 32) return;
       const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
@@ -444,9 +539,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
         const auto [unit, row] =
             tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         for (int t = t0; t < t1; ++t) {
-          unsigned char* dst = kFp8 ? fp8_staging(smem, buf, t) : wide_tile(smem, buf, t);
-          tma_load_3d(dst + box * box_rows * kRowBytes, t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,
-                      &smem.full[buf][t]);
+          tma_load_3d(fp8_staging(smem, buf, t) + box * box_rows * kRowBytes, t < 8 ? &kv_map : &kpe_map,
+                      t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t]);
         }
       }
     };
@@ -456,7 +550,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       const int valid = len - blk * kTokens;
       if (valid >= kTokens) return;
       const int t0 = wg == 0 ? 0 : kLeftTiles;
-      for (int t = t0; t < t0 + kLeftTiles; ++t) mbar_wait(&smem.full[buf][t], parity[buf]);
+      for (int t = t0; t < t0 + kLeftTiles; ++t) mbar_wait(tile_barrier(buf, t), parity[buf]);
       for (int i = valid * 8 + wt; i < kTokens * 8; i += 128) {  // 16-byte chunks of rows >= valid
         for (int t = t0; t < t0 + kLeftTiles; ++t)
           *reinterpret_cast<uint4*>(smem.kv[buf] + t * kTileBytes + i * 16) = make_uint4(0, 0, 0, 0);
@@ -464,7 +558,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       fence_async_shared();
       asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
     };
-    __syncthreads();  // the previous segment is done with every buffer
+    consumers_sync();  // the previous segment is done with Q (and, without a producer, every buffer)
     {
       // Q's latent part -> shared memory (all threads: rows tid / 8 and tid / 8 + 32, 8 chunks each).
       const int sub = tid & 7;
@@ -483,8 +577,10 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       }
       commit_async_copies();
     }
-    issue_block(first_blk, 0);
-    if (first_blk + 1 < end_blk) issue_block(first_blk + 1, 1);
+    if constexpr (kFp8 != 0) {
+      issue_block(first_blk, 0);
+      if (first_blk + 1 < end_blk) issue_block(first_blk + 1, 1);
+    }
     // The rope query as A fragments: element i of k-step s is row my_row0 + 8 * ((i / 2) % 2),
     // column 16 s + (wt % 4) * 2 + 8 * ((i / 4) % 2) + i % 2.
 #pragma unroll
@@ -505,7 +601,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
     wait_async_copies<0>();  // Q (the KV copies are tracked by the barriers, not by groups)
     if constexpr (kFp8 != 0 && std::is_same_v<T, __nv_bfloat16>) stage_query_as_fp16(b);
     fence_async_shared();
-    __syncthreads();
+    consumers_sync();
     float score_scale[2];  // per row: log2(e) * sm_scale (kFp8: times the cache's scale over the row's factor)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -842,7 +938,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           // Tile t: wait until it has landed (TMA writes through the async proxy, as wgmma reads), then
           // issue its matmuls as one commit group.
           auto score_tile = [&](auto tile) {
-            mbar_wait(&smem.full[buf][decltype(tile)::value], parity[buf]);
+            constexpr int t = decltype(tile)::value;
+            if (!side_boxes || t % kLeftTiles == 0 || t == 8) mbar_wait(tile_barrier(buf, t), parity[buf]);
             warpgroup_fence_operand(acc_s);
             warpgroup_arrive();
             gemm_tile(tile);
@@ -910,7 +1007,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_o);
           warpgroup_fence_operand(rP);
-          if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,L and K_A are no longer read here
+          release(0);  // V_A,L and K_A are no longer read here
           // m_B from WG1 (it arrives on every step; without a block B, m_B = m_A).
           bar_wait(kBarMaxB);
 #pragma unroll
@@ -926,7 +1023,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
             pv_remote(1);  // O_L += P_B V_B,L
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_o);
-            if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,L is no longer read
+            release(1);  // V_B,L is no longer read
           }
           bar_wait(kBarPAFree);  // WG1's P_A V_A,R is done: the next softmax_to(0) may rewrite P_A
         } else {
@@ -960,7 +1057,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
           bar_arrive(kBarMaxB);  // (m_B, P_B) -> WG0, whose P_B V_B,L need not wait for P_A V_A,R
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_o);
-          if (blk_a + 2 < end_blk) issue_block(blk_a + 2, 0);  // V_A,R and K_A's rope are no longer read
+          release(0);  // V_A,R and K_A's rope are no longer read
           bar_arrive(kBarPAFree);
           if (has_b) {
             if (reframed(scale)) scale_o(scale);
@@ -969,7 +1066,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_o);
             warpgroup_fence_operand(rP);
-            if (blk_b + 2 < end_blk) issue_block(blk_b + 2, 1);  // V_B,R and K_B's rope are no longer read
+            release(1);  // V_B,R and K_B's rope are no longer read
           }
         }
         parity[0] ^= 1;
@@ -984,7 +1081,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(256, 1) mla_deco
       l[k] += __shfl_xor_sync(0xffffffff, l[k], 2);
       if ((wt & 3) == 0) smem.sum[wg][my_row0 + 8 * k] = l[k];
     }
-    __syncthreads();
+    consumers_sync();
     float inv[2], lse[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

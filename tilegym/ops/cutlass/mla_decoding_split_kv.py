@@ -40,11 +40,13 @@ COMBINE_KERNEL = "mla_decode_cute_combine_kernel"
 HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
 ROWS_PER_CTA = 64  # query rows per CTA (the wgmma M)
 TOKENS_PER_BLOCK = 64  # KV tokens per step: the schedule's block
-THREADS = 256  # two warpgroups
+TILE_COLUMNS = 64  # columns of a shared KV tile: 128 bytes of bf16/fp16, one swizzled row
+THREADS = 256  # two warpgroups (the fp8 variant)
+PRODUCER_THREADS = 384  # bf16/fp16: the two consumer warpgroups and the one that issues the loads
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
-# (16 KB) + row maxima, sums and query factors (1.25 KB) + 18 mbarriers, plus 1 KB so the kernel can
+# (16 KB) + row maxima, sums and query factors (1.25 KB) + 22 mbarriers, plus 1 KB so the kernel can
 # align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 18 * 8 + 1024
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 22 * 8 + 1024
 # Two 64-row groups run as a cluster of two CTAs (one GPC), whose reads of the same blocks then cost
 # L2 less work (H200 sweep: 64 x 4096 x 128 180.2 us vs 193.3 as separate CTAs, 128 x 8192 x 128
 # 632.9 vs 702.3).
@@ -145,6 +147,37 @@ def encode_tile_map(t: torch.Tensor, box_rows: int, row_bytes: int = 128, swizzl
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),
         f"cuTensorMapEncodeTiled({tuple(t.shape)}, {t.dtype})",
+    )
+    return struct.pack("16Q", *(int(v) for v in tensor_map.opaque))
+
+
+def encode_latent_tiles_map(t: torch.Tensor, box_rows: int) -> bytes:
+    """The wgmma kernel's 4-D TMA map of a 16-bit latent cache ``t`` [units, rows, 512], viewed as
+    [units, 8 tiles, rows, 64 columns] (the tile stride, 128 bytes, is below the row stride): a box of
+    whole 64-token blocks takes one side's four tiles at once, [4 tiles, 64 tokens, 64 columns] in the
+    128-byte swizzle; smaller boxes (pages of fewer than 64 tokens) take one tile each."""
+    from tilegym.ops.cubin_loader import _check, _driver
+
+    drv = _driver()
+    size = t.element_size()
+    cols = TILE_COLUMNS
+    tiles = t.shape[2] // cols
+    side = tiles // 2 if box_rows == TOKENS_PER_BLOCK else 1
+    tensor_map = _check(
+        drv.cuTensorMapEncodeTiled(
+            getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{TMA_ELEMENT_TYPES[t.dtype]}"),
+            4,
+            t.data_ptr(),
+            [drv.cuuint64_t(n) for n in (cols, t.shape[1], tiles, t.shape[0])],
+            [drv.cuuint64_t(n) for n in (t.stride(1) * size, cols * size, t.stride(0) * size)],
+            [drv.cuuint32_t(n) for n in (cols, box_rows, side, 1)],
+            [drv.cuuint32_t(1)] * 4,
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled({tuple(t.shape)}, {t.dtype}, 4-D)",
     )
     return struct.pack("16Q", *(int(v) for v in tensor_map.opaque))
 
@@ -368,7 +401,7 @@ class CutlassDecodePlan:
     caches on the wgmma kernel; ``CutlassFp8DecodePlan`` overrides the hooks for fp8 caches)."""
 
     rows_per_cta = ROWS_PER_CTA
-    threads = THREADS
+    threads = PRODUCER_THREADS
     # The combine starts as a programmatic dependent launch: its CTAs are placed while the split
     # kernel's last CTAs run and wait on the device for its end, instead of after a full kernel boundary.
     early_combine = True
@@ -478,8 +511,9 @@ class CutlassDecodePlan:
     def _encode_maps(
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
     ) -> tuple[bytes, ...]:
-        """Latent and rope maps in 64-column (128-byte) boxes, the wgmma kernel's tiles."""
-        return encode_tile_map(kv, rows), encode_tile_map(kpe, rows)
+        """The latent's 4-D map (a side's tiles per box) and the rope's map, in the wgmma kernel's
+        64-column (128-byte) tiles."""
+        return encode_latent_tiles_map(kv, rows), encode_tile_map(kpe, rows)
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -578,6 +612,8 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 class CutlassFp8WideDecodePlan(CutlassDecodePlan):
     """A per-tensor fp8 cache at 17-128 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
     latent and rope in unswizzled 64-byte rows (the kernel widens them) and the scale read on the device."""
+
+    threads = THREADS  # no producer warpgroup: each consumer issues its own refills
 
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True)
