@@ -7,7 +7,7 @@ added the tree's TMA map encoding and --layout).
 Every tree's kernel is built from TREE/tilegym/ops/cutlass/mla_decoding_split_kv.cuh with this
 tree's Python (the header is swapped and split_kernel's cache cleared), and the bf16 plan encodes its
 TMA maps with TREE's own CutlassDecodePlan._encode_maps (loaded from TREE's mla_decoding_split_kv.py),
-and launches it with TREE's CutlassDecodePlan.threads and SHARED_BYTES. --l2: a paged copy of each shape whose page
+and launches it with TREE's thread counts and SHARED_BYTES. --l2: a paged copy of each shape whose page
 table points every row at the same 128 pages (the KV stays in L2): a diagnostic of
 how much of the time is waiting on DRAM; its results are wrong by construction and not checked.
 """
@@ -32,15 +32,17 @@ def tree_encoder(tree: str):
         spec = importlib.util.spec_from_file_location(f"ab_tree_{len(ENCODERS)}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        ENCODERS[tree] = (mod.CutlassDecodePlan._encode_maps, mod.CutlassDecodePlan.threads, mod.SHARED_BYTES)
+        plans = (mod.CutlassDecodePlan, mod.CutlassFp8WideDecodePlan)
+        ENCODERS[tree] = (plans[0]._encode_maps, plans[0].threads, plans[1].threads, mod.SHARED_BYTES)
     return ENCODERS[tree]
 
 
 def use_tree(tree: str) -> None:
     m.HEADER = str(Path(tree).resolve() / "tilegym/ops/cutlass/mla_decoding_split_kv.cuh")
     m.split_kernel.cache_clear()
-    m.CutlassDecodePlan._encode_maps, m.CutlassDecodePlan.threads, m.SHARED_BYTES = tree_encoder(tree)
-    m.CutlassFp8WideDecodePlan.threads = m.THREADS
+    encode, threads, fp8_threads, m.SHARED_BYTES = tree_encoder(tree)
+    m.CutlassDecodePlan._encode_maps, m.CutlassDecodePlan.threads = encode, threads
+    m.CutlassFp8WideDecodePlan.threads = fp8_threads
 
 
 def main() -> None:
