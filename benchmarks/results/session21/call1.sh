@@ -11,14 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 py=${PYTHON:-python3}
 
-step() {  # NAME SECONDS DIR COMMAND...
-    local name=$1 limit=$2 dir=$3
-    shift 3
-    echo "=== $name ($dir, limit ${limit}s)"
-    local start=$SECONDS
-    (cd "$dir" && PYTHONPATH=. timeout --kill-after=5 "$limit" "$@") > "$OUT/$name.log" 2>&1
-    echo "=== $name: exit $? after $((SECONDS - start))s ($(tail -n 1 "$OUT/$name.log"))"
-}
+# shellcheck source=step.sh
+. benchmarks/results/session21/step.sh
 
 run() {
     export PYTHONUNBUFFERED=1 TILEGYM_CACHE_DIR=$PWD/.cache/tilecpp
