@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 22, device call 1: the wgmma kernel's fp8 variant on the bf16 step order, its fp8 tiles widened by
-# the producer warpgroup (this tree), tested, then timed against .ab/main (HEAD: the fp8 step order, each
-# consumer widening its own block) with benchmarks/ab_trees.py; bf16 timed too (the producer's code changed).
+# the producer warpgroup (the tree of commit fd8da35, run as "."; since reverted, its change is
+# variants/fp8-producer-widening.patch), tested, then timed against .ab/main (its parent: the fp8 step order,
+# each consumer widening its own block) with benchmarks/ab_trees.py; bf16 timed too (the producer's code
+# changed).
 #
 #   bash benchmarks/results/session22/call1.sh run   # device: carry [".cache/tilecpp", ".ab"]
 set -uo pipefail

@@ -95,16 +95,6 @@ __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddep
 // Asks L2 to hold the 128-byte line at p (no register, no wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// The blocks a piece meets of batch row b, in the schedule's cumulative numbering: row b holds blocks
-// [row_begin, row_end), the piece [start, start + per); lo >= hi when they do not meet.
-struct Segment {
-  int row_begin, row_end, lo, hi;
-};
-__device__ __forceinline__ Segment segment_of(const int* cum_blocks, int b, int start, int per) {
-  const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
-  return Segment{row_begin, row_end, start > row_begin ? start : row_begin, start + per < row_end ? start + per : row_end};
-}
-
 // Batch row b's page list: a block-table row (paged), or kv_indices[kv_indptr[b]:] (ragged, the
 // start clamped to the list). Unused for dense caches.
 __device__ __forceinline__ const int* page_list(const int* table, const int* indptr, int b, int paged, int ragged,

@@ -3,10 +3,10 @@
 Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persistent CTAs, each taking
 one piece; a segment that is a whole row writes the final output, the others float32 partials.
 Two stage-1 kernels:
-  - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 384 threads (two
-    consumer warpgroups and a producer) per (piece, 64-row query group), 1-128 query rows; the plan
-    encodes TMA maps of the cache tensors. Its ``kFp8`` variants read a per-tensor fp8 cache at 17-128
-    query rows (the producer widens the fp8 tiles to fp16 in shared memory; the query is staged as fp16);
+  - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
+    (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors.
+    Its ``kFp8`` variants read a per-tensor fp8 cache at 17-128 query rows (fp8 tiles widened to
+    fp16 in shared memory, the query staged as fp16);
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
     a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
     rows, where decoding is bound by the cache bytes; CTAs of one or more 128-thread warpgroups
@@ -41,11 +41,12 @@ HEAD_DIM, ROPE_DIM = 512, 64  # fixed by the kernel's tile shapes
 ROWS_PER_CTA = 64  # query rows per CTA (the wgmma M)
 TOKENS_PER_BLOCK = 64  # KV tokens per step: the schedule's block
 TILE_COLUMNS = 64  # columns of a shared KV tile: 128 bytes of bf16/fp16, one swizzled row
-PRODUCER_THREADS = 384  # the two consumer warpgroups and the producer (loads; kFp8: and the widening)
+THREADS = 256  # two warpgroups (the fp8 variant)
+PRODUCER_THREADS = 384  # bf16/fp16: the two consumer warpgroups and the one that issues the loads
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
 # (16 KB) + row maxima, sums and query factors (1.25 KB) + 22 mbarriers, plus 1 KB so the kernel can
 # align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 6 * 64 * 4 + 26 * 8 + 1024
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 22 * 8 + 1024
 # Two 64-row groups run as a cluster of two CTAs (one GPC), whose reads of the same blocks then cost
 # L2 less work (H200 sweep: 64 x 4096 x 128 180.2 us vs 193.3 as separate CTAs, 128 x 8192 x 128
 # 632.9 vs 702.3).
@@ -151,11 +152,10 @@ def encode_tile_map(t: torch.Tensor, box_rows: int, row_bytes: int = 128, swizzl
 
 
 def encode_latent_tiles_map(t: torch.Tensor, box_rows: int) -> bytes:
-    """The wgmma kernel's 4-D TMA map of a latent cache ``t`` [units, rows, 512], viewed as
-    [units, 8 tiles, rows, 64 columns] (the tile stride is below the row stride): a box of whole
-    64-token blocks takes one side's four tiles at once, [4 tiles, 64 tokens, 64 columns], and smaller
-    boxes (pages of fewer than 64 tokens) one tile each. A 16-bit cache lands in the 128-byte swizzle
-    wgmma reads; an fp8 cache as plain 64-byte rows, which the kernel widens."""
+    """The wgmma kernel's 4-D TMA map of a 16-bit latent cache ``t`` [units, rows, 512], viewed as
+    [units, 8 tiles, rows, 64 columns] (the tile stride, 128 bytes, is below the row stride): a box of
+    whole 64-token blocks takes one side's four tiles at once, [4 tiles, 64 tokens, 64 columns] in the
+    128-byte swizzle; smaller boxes (pages of fewer than 64 tokens) take one tile each."""
     from tilegym.ops.cubin_loader import _check, _driver
 
     drv = _driver()
@@ -163,10 +163,9 @@ def encode_latent_tiles_map(t: torch.Tensor, box_rows: int) -> bytes:
     cols = TILE_COLUMNS
     tiles = t.shape[2] // cols
     side = tiles // 2 if box_rows == TOKENS_PER_BLOCK else 1
-    swizzle = "128B" if t.dtype in TMA_ELEMENT_TYPES else "NONE"
     tensor_map = _check(
         drv.cuTensorMapEncodeTiled(
-            getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{TMA_ELEMENT_TYPES.get(t.dtype, 'UINT8')}"),
+            getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{TMA_ELEMENT_TYPES[t.dtype]}"),
             4,
             t.data_ptr(),
             [drv.cuuint64_t(n) for n in (cols, t.shape[1], tiles, t.shape[0])],
@@ -174,7 +173,7 @@ def encode_latent_tiles_map(t: torch.Tensor, box_rows: int) -> bytes:
             [drv.cuuint32_t(n) for n in (cols, box_rows, side, 1)],
             [drv.cuuint32_t(1)] * 4,
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),
@@ -612,8 +611,9 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
 class CutlassFp8WideDecodePlan(CutlassDecodePlan):
     """A per-tensor fp8 cache at 17-128 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
-    latent and rope in unswizzled 64-byte rows (the producer warpgroup widens them) and the scale read on
-    the device."""
+    latent and rope in unswizzled 64-byte rows (the kernel widens them) and the scale read on the device."""
+
+    threads = THREADS  # no producer warpgroup: each consumer issues its own refills
 
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True)
@@ -630,7 +630,7 @@ class CutlassFp8WideDecodePlan(CutlassDecodePlan):
                 f"cutlass's fp8 kernel reads the cache by TMA: kv and kpe must start on {CACHE_ALIGN}-byte "
                 f"boundaries, got addresses {misaligned}"
             )
-        return encode_latent_tiles_map(kv, rows), encode_tile_map(kpe, rows, ROPE_DIM, swizzle=False)
+        return encode_tile_map(kv, rows, ROPE_DIM, swizzle=False), encode_tile_map(kpe, rows, ROPE_DIM, swizzle=False)
 
 
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:

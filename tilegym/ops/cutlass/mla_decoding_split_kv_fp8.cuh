@@ -429,12 +429,14 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   int consumed = 0;  // blocks of earlier segments: each went once through its stage's barrier
 
   for (int b = first_row; b <= last_row; ++b) {
-    const tilegym_cutlass::Segment seg = tilegym_cutlass::segment_of(cum_blocks, b, start, per);
-    if (seg.lo >= seg.hi) continue;
-    const bool whole = seg.lo == seg.row_begin && seg.hi == seg.row_end;
+    const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
+    const int lo = start > row_begin ? start : row_begin;
+    const int hi = start + per < row_end ? start + per : row_end;
+    if (lo >= hi) continue;
+    const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;
     const int len = lens[b];
-    const int first_blk = seg.lo - seg.row_begin, blocks = seg.hi - seg.lo;
+    const int first_blk = lo - row_begin, blocks = hi - lo;
 
     // Latent rows (V) at or past the row's length -> zero, and kDsMla's scales of those rows: whatever
     // the cache holds there (NaN) must not reach P . V, where P is 0.
