@@ -349,6 +349,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
   const int my_row0 = (wt / 32) * 16 + (wt % 32) / 4;  // this thread's accumulator rows: + 0, + 8
+  // The cache's L2 policy: a pair's partner reads the same blocks a little later (tilegym_cutlass::l2_policy).
+  const uint64_t policy = tilegym_cutlass::l2_policy(kPair == 1);
 
   if (tid == 0) {
     for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
@@ -392,8 +394,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
               if (boxes == 0) continue;
               const auto [unit, row] =
                   tilegym_cutlass::box_origin(table_row, b, blk * kTokens, paged, page_size, num_pages);
-              tilegym_cutlass::tma_load_4d(wide_tile(smem, buf, t0), &kv_map, 0, row, t0, unit, &smem.full[buf][t0]);
-              if (side == 1) tma_load_3d(wide_tile(smem, buf, 8), &kpe_map, 0, row, unit, &smem.full[buf][8]);
+              tilegym_cutlass::tma_load_4d(wide_tile(smem, buf, t0), &kv_map, 0, row, t0, unit, &smem.full[buf][t0], policy);
+              if (side == 1) tma_load_3d(wide_tile(smem, buf, 8), &kpe_map, 0, row, unit, &smem.full[buf][8], policy);
               continue;
             }
             if (wt == 0) {
@@ -405,9 +407,9 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
               for (int t = t0; t < t1; ++t) {
                 unsigned char* dst = wide_tile(smem, buf, t) + box * box_rows * kRowBytes;
                 if (t < 8)
-                  tilegym_cutlass::tma_load_4d(dst, &kv_map, 0, row, t, unit, &smem.full[buf][t]);
+                  tilegym_cutlass::tma_load_4d(dst, &kv_map, 0, row, t, unit, &smem.full[buf][t], policy);
                 else
-                  tma_load_3d(dst, &kpe_map, 0, row, unit, &smem.full[buf][t]);
+                  tma_load_3d(dst, &kpe_map, 0, row, unit, &smem.full[buf][t], policy);
               }
             }
           }
@@ -540,7 +542,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
             tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         for (int t = t0; t < t1; ++t) {
           tma_load_3d(fp8_staging(smem, buf, t) + box * box_rows * kRowBytes, t < 8 ? &kv_map : &kpe_map,
-                      t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t]);
+                      t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t], policy);
         }
       }
     };

@@ -382,6 +382,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     const int si = seq % kStages;
     unsigned char* stage = smem + si * L::kStage;
     const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, at.len, box_rows);
+    const uint64_t policy = tilegym_cutlass::l2_policy(true);  // the cache is read once
     if (lane == 0) {
       mbar_expect_bytes(&full[si], boxes * box_rows * L::kTokenBytes);
       if constexpr (kGroups > 1) store_release(&issued[si], seq / kStages + 1);
@@ -393,23 +394,23 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       const int r0 = box * box_rows;
 #pragma unroll
       for (int atom = 0; atom < 4; ++atom) {
-        tma_load_3d(stage + L::kLat + atom * kTokens * 128 + r0 * 128, &lat_map, 128 * atom, row, unit, &full[si]);
+        tma_load_3d(stage + L::kLat + atom * kTokens * 128 + r0 * 128, &lat_map, 128 * atom, row, unit, &full[si], policy);
       }
       if (box_rows >= L::kRopeBoxMin) {
-        tma_load_3d(stage + L::kRope + r0 * L::kRopeBytes, &rope_map, 0, row, unit, &full[si]);
+        tma_load_3d(stage + L::kRope + r0 * L::kRopeBytes, &rope_map, 0, row, unit, &full[si], policy);
       } else {  // swizzled 16-byte pieces, token by token
         for (int k = 0; k < box_rows; ++k) {
           const unsigned char* src = rope_bytes + unit * rope_s0 + (row + k) * rope_s1;
           for (int c = 0; c < L::kRopeBytes / 16; ++c)
-            bulk_load(stage + L::kRope + rope_offset<kFormat>(r0 + k, c), src + 16 * c, 16, &full[si]);
+            bulk_load(stage + L::kRope + rope_offset<kFormat>(r0 + k, c), src + 16 * c, 16, &full[si], policy);
         }
       }
       if constexpr (kFormat == kDsMla) {
         if (box_rows >= L::kScaleBoxMin) {
-          tma_load_3d(stage + L::kScale + r0 * 16, &scale_map, 0, row, unit, &full[si]);
+          tma_load_3d(stage + L::kScale + r0 * 16, &scale_map, 0, row, unit, &full[si], policy);
         } else {
           for (int k = 0; k < box_rows; ++k)
-            bulk_load(stage + L::kScale + (r0 + k) * 16, scale_bytes + unit * scale_s0 + (row + k) * scale_s1, 16, &full[si]);
+            bulk_load(stage + L::kScale + (r0 + k) * 16, scale_bytes + unit * scale_s0 + (row + k) * scale_s1, 16, &full[si], policy);
         }
       }
     }
