@@ -18,7 +18,8 @@
 //           K-major tiles, completing on the stage's mbarrier; a dense row's block is one box
 //           range, a paged one one range per page part (box_rows = gcd(page_size, 64)); a TMA
 //           destination is 128-byte aligned, so rope or scale boxes narrower than that (pages of
-//           one fp8 token, of fewer than 8 fp8_ds_mla tokens) go as 16-byte bulk copies. The
+//           one fp8 token, of fewer than 8 fp8_ds_mla tokens) go as 16-byte bulk copies; all with an
+//           L2 evict-first hint (the cache is read once; the partials stay in L2 for the combine). The
 //           warpgroup done with block i refills its stage with block i + kStages (one warp issues,
 //           lanes split the boxes). With one warpgroup the ring is filled once, at the piece's start,
 //           and runs across segment boundaries (the refill after a segment's last blocks is the next
