@@ -78,7 +78,8 @@
 // the row's length are not loaded; V rows past the length in a partial block are zeroed in shared
 // memory (the cache may hold NaN there), their scores masked. A CTA alone (kPair = 1) loads the cache
 // with an L2 evict-first hint, so the stream leaves the partial outputs in L2 for the combine (same-call
-// A/B: 1-3% faster at 16-64 heads; session 22); a pair loads without one (its partner re-reads the block).
+// A/B: 1-3% faster at 16-64 heads; session 22); a pair loads with the normal policy (its partner
+// re-reads the block).
 //
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
 //   reads  L * 576 * 2 B of KV (+ 4 B of page id per box when paged) and R * 64 * 576 * 2 B of
