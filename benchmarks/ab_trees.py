@@ -10,7 +10,8 @@ cubins of both trees. Each tree's kernel is built from TREE/tilegym/ops/cutlass/
 with this tree's Python (the header is swapped and ``split_kernel``'s cache cleared); the plans take
 TREE's own TMA map encoders, thread counts and shared-memory size (loaded from TREE's
 mla_decoding_split_kv.py), so trees whose kernels differ in those too compare as built. Every cell is
-checked against the float64 oracle first (its error is printed beside the time). ``--l2``: a paged copy
+checked against the float64 oracle first (its error is printed beside the time). Rounds alternate the
+trees' order (the first timing of a shape runs on a cooler GPU under the power limit). ``--l2``: a paged copy
 of each shape whose page table points every row at the same 128 pages (the KV stays in L2), a diagnostic
 of how much of the time waits on DRAM; its results are wrong by construction and not checked.
 (Sessions 15 and 21 kept their own copies of this tool under benchmarks/results/.)
@@ -125,12 +126,15 @@ def main() -> None:
             data = bench.make_shape_data(shape, cfg)
             if a.l2:
                 data.index["block_table"] = data.index["block_table"] % 128
-            cells = []
-            for _ in range(a.reps):
-                for tree in a.trees:
+            cells = {}
+            for rep in range(a.reps):
+                # ABBA: the tree timed first in a round runs on a cooler GPU (less power-capped), so the
+                # order alternates between rounds (session 22's A/Bs showed a first-position advantage).
+                for tree in a.trees if rep % 2 == 0 else reversed(a.trees):
                     use_tree(tree)
-                    cells.append(time_cell(data, dev, check=not a.l2))
-            print(f"| {shape.label} | " + " | ".join(cells) + " |", flush=True)
+                    cells[rep, tree] = time_cell(data, dev, check=not a.l2)
+            row = [cells[rep, tree] for rep in range(a.reps) for tree in a.trees]
+            print(f"| {shape.label} | " + " | ".join(row) + " |", flush=True)
             del data
             torch.cuda.empty_cache()
 
