@@ -14,7 +14,9 @@ checked against the float64 oracle first (its error is printed beside the time).
 trees' order (the first timing of a shape runs on a cooler GPU under the power limit). ``--l2``: a paged copy
 of each shape whose page table points every row at the same 128 pages (the KV stays in L2), a diagnostic
 of how much of the time waits on DRAM; its results are wrong by construction and not checked.
-(Sessions 15 and 21 kept their own copies of this tool under benchmarks/results/.)
+Only the wgmma kernel is swapped: an fp8 cache at up to 16 query rows runs this tree's 16-row kernel in
+every column (time that kernel with the bench run in each tree). (Sessions 15 and 21 kept their own
+copies of this tool under benchmarks/results/.)
 """
 
 from __future__ import annotations
