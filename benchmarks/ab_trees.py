@@ -47,7 +47,12 @@ def tree_settings(tree: str) -> dict:
             "header": str(path.with_suffix(".cuh")),
             "shared": mod.SHARED_BYTES,
             "plans": {
-                name: {"_encode_maps": getattr(mod, name)._encode_maps, "threads": getattr(mod, name).threads}
+                name: {
+                    "_encode_maps": getattr(mod, name)._encode_maps,
+                    "threads": getattr(mod, name).threads,
+                    # Trees before session 23 launch the split kernel as an ordinary launch.
+                    "early_split": getattr(getattr(mod, name), "early_split", False),
+                }
                 for name in ("CutlassDecodePlan", "CutlassFp8WideDecodePlan")
             },
         }

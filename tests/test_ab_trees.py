@@ -27,7 +27,7 @@ def ab(monkeypatch):
     monkeypatch.setattr(m, "SHARED_BYTES", m.SHARED_BYTES)
     for name in PLANS:
         cls = getattr(m, name)
-        for attr in ("threads", "_encode_maps"):
+        for attr in ("threads", "_encode_maps", "early_split"):
             monkeypatch.setattr(cls, attr, getattr(cls, attr))
     yield module
     m.split_kernel.cache_clear()
@@ -44,6 +44,7 @@ def other_tree(tmp_path: Path) -> Path:
         "\nSHARED_BYTES = 12345\n"
         "CutlassDecodePlan.threads = 128\n"
         "CutlassFp8WideDecodePlan.threads = 640\n"
+        "CutlassDecodePlan.early_split = not CutlassDecodePlan.early_split\n"
         "def _other_encoder(self, kv, kpe, kv_scale, rows):\n"
         "    return ('other',)\n"
         "CutlassFp8WideDecodePlan._encode_maps = _other_encoder\n"
@@ -54,6 +55,7 @@ def other_tree(tmp_path: Path) -> Path:
 
 def test_switching_trees_swaps_every_launch_setting_and_back(ab, tmp_path):
     here = {name: (getattr(m, name).threads, getattr(m, name)._encode_maps) for name in PLANS}
+    early = m.CutlassDecodePlan.early_split
     shared, header = m.SHARED_BYTES, m.HEADER
     tree = other_tree(tmp_path)
 
@@ -62,12 +64,14 @@ def test_switching_trees_swaps_every_launch_setting_and_back(ab, tmp_path):
     assert m.SHARED_BYTES == 12345
     assert m.CutlassDecodePlan.threads == 128
     assert m.CutlassFp8WideDecodePlan.threads == 640
+    assert m.CutlassDecodePlan.early_split is not early
     assert m.CutlassFp8WideDecodePlan._encode_maps(None, None, None, None, 64) == ("other",)
 
     ab.use_tree(str(ROOT))
     here_header = Path(m.__file__).parent / header  # the backend names its header relative to itself
     assert Path(m.HEADER).resolve() == here_header.resolve()
     assert m.SHARED_BYTES == shared
+    assert m.CutlassDecodePlan.early_split is early
     for name in PLANS:
         threads, encoder = here[name]
         assert getattr(m, name).threads == threads

@@ -1,0 +1,128 @@
+"""Where a planned call's GPU time goes: each kernel's duration and the gaps between kernels, read from a
+profiler trace of CUDA-graph replays (a development tool, GPU only).
+
+    python benchmarks/timeline.py [--backend cutlass] [--suites many-heads] [--kv bf16|fp8]
+        [--layout paged --page-size 64] [--tree DIR]...
+
+For each shape of the suites: the bench's inputs and plan, one graph of ``--calls`` calls (rotating input
+sets, as the bench times them), replayed under ``torch.profiler``. Kernel start and end times come from
+CUPTI, so they hold at the clocks the GPU really ran, unlike ncu's one serialised launch at locked clocks.
+Printed per shape: the period per call (first kernel start to last kernel end, over the calls), each
+kernel's mean duration, and the mean gap between each pair of consecutive kernels (negative: they
+overlapped, as programmatic dependent launches may). ``--tree DIR`` (cutlass): time the wgmma kernel of
+another source tree too, swapped as ``ab_trees.py`` does (its cubins built with ``ab_build.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from tilegym import bench
+from tilegym.ops.mla_decoding import SUITES
+from tilegym.timing import capture_graph
+
+Kernel = tuple[str, float, float]  # name, start us, end us
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without template arguments and parameters, cut to 40 characters."""
+    return name.removeprefix("void ").split("(")[0].split("<")[0][-40:]
+
+
+def trace_kernels(replay: Callable[[], None], rounds: int) -> list[Kernel]:
+    """GPU kernels of ``rounds`` replays, in start order, from a profiler trace."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    kernels = [
+        (short_name(e["name"]), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("cat") == "kernel" and e.get("ph") == "X"
+    ]
+    return sorted(kernels, key=lambda k: k[1])
+
+
+def summarise(kernels: Sequence[Kernel], calls: int) -> str:
+    """Period per call, mean duration per kernel name, mean gap per consecutive pair of kernel names."""
+    if len(kernels) < 2:
+        return f"{len(kernels)} kernels traced (CUPTI saw no graph kernels?)"
+    durations: dict[str, list[float]] = defaultdict(list)
+    gaps: dict[str, list[float]] = defaultdict(list)
+    for name, start, end in kernels:
+        durations[name].append(end - start)
+    for (a, _, a_end), (b, b_start, _) in zip(kernels, kernels[1:], strict=False):
+        gaps[f"{a} -> {b}"].append(b_start - a_end)
+    period = (kernels[-1][2] - kernels[0][1]) / calls
+    parts = [f"period {period:.1f} us/call"]
+    parts += [f"{n} {statistics.median(d):.1f} (x{len(d)})" for n, d in durations.items()]
+    parts += [f"gap {n} {statistics.median(g):+.1f}" for n, g in gaps.items()]
+    return "; ".join(parts)
+
+
+def timeline(calls: Sequence[Callable[[], object]], rounds: int) -> str:
+    graph = capture_graph(calls)
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    return summarise(trace_kernels(graph.replay, rounds), len(calls) * rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="cutlass")
+    ap.add_argument("--suites", default="many-heads")
+    ap.add_argument("--kv", default="bf16", choices=("bf16", "fp8"))
+    ap.add_argument("--layout", default="dense")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=16, help="calls per graph (input sets rotate)")
+    ap.add_argument("--rounds", type=int, default=3, help="graph replays traced")
+    ap.add_argument("--tree", action="append", default=[], help="cutlass: another source tree's kernel")
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
+    cfg = bench.BenchConfig(
+        device=dev,
+        dtype=torch.bfloat16,
+        kv_dtype=kv,
+        warmup=5,
+        repeat=30,
+        ceilings=None,
+        layout=a.layout,
+        page_size=a.page_size,
+    )
+    trees = a.tree or [None]
+    if a.tree:
+        import ab_trees  # beside this file
+    for suite in a.suites.split(","):
+        for shape in SUITES[suite]:
+            data = bench.make_shape_data(shape, cfg)
+            for tree in trees:
+                if tree is not None:
+                    ab_trees.use_tree(tree)
+                try:
+                    plan = bench.make_plan(a.backend, data, None)
+                except Exception as exc:  # a shape this backend does not serve
+                    print(f"{shape.label} [{tree or a.backend}]: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                sets = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
+                calls = [sets[i % len(sets)] for i in range(a.calls)]
+                print(f"{shape.label} [{tree or a.backend}]: {timeline(calls, a.rounds)}", flush=True)
+            del data
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
