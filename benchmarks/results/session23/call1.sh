@@ -20,8 +20,8 @@ run() {
     if [ -f .flashmla/libflashmla_sm90.so ]; then  # local only: FlashMLA beside cutlass, pages of 64
         step 3-timeline-flashmla 100 . "$py" .flashmla/timeline_flashmla.py many-heads,deepseek
     fi
-    step 4-ab-bf16 150 . "$py" benchmarks/ab_trees.py .ab/main . --reps 4 --suites many-heads,deepseek,mtp
-    step 5-ab-fp8 100 . "$py" benchmarks/ab_trees.py .ab/main . --reps 2 --fp8 --suites many-heads
+    step 4-ab-bf16 130 . "$py" benchmarks/ab_trees.py .ab/main . --reps 4 --suites many-heads,deepseek,mtp
+    step 5-ab-fp8 70 . "$py" benchmarks/ab_trees.py .ab/main . --reps 2 --fp8 --suites many-heads
 }
 
 case ${1:-} in
