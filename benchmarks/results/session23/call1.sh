@@ -16,11 +16,12 @@ run() {
     export PYTHONUNBUFFERED=1 TILEGYM_CACHE_DIR=$PWD/.cache/tilecpp
     nvidia-smi --query-gpu=name,driver_version,clocks.current.sm --format=csv > "$OUT/0-info.log" 2>&1
     step 1-tests 150 . "$py" -m pytest -p no:cacheprovider -m gpu -n 0 -q tests/test_cutlass_fp8.py tests/test_cutlass_backend.py
-    step 2-timeline 150 . "$py" benchmarks/timeline.py --suites many-heads,deepseek,mixed --tree .ab/main --tree .
+    step 2-timeline 150 . "$py" benchmarks/timeline.py --suites deepseek,mixed --tree .ab/main --tree .
+    step 2-timeline-fp8 60 . "$py" benchmarks/timeline.py --kv fp8 --suites quantized --tree .ab/main --tree .
     if [ -f .flashmla/libflashmla_sm90.so ]; then  # local only: FlashMLA beside cutlass, pages of 64
-        step 3-timeline-flashmla 100 . "$py" .flashmla/timeline_flashmla.py many-heads,deepseek
+        step 3-timeline-flashmla 100 . "$py" .flashmla/timeline_flashmla.py deepseek
     fi
-    step 4-ab-bf16 130 . "$py" benchmarks/ab_trees.py .ab/main . --reps 4 --suites many-heads,deepseek,mtp
+    step 4-ab-bf16 120 . "$py" benchmarks/ab_trees.py .ab/main . --reps 4 --suites many-heads,deepseek,mtp
     step 5-ab-fp8 70 . "$py" benchmarks/ab_trees.py .ab/main . --reps 2 --fp8 --suites many-heads
 }
 
