@@ -11,6 +11,8 @@ Printed per shape: the period per call (first kernel start to last kernel end, o
 kernel's mean duration, and the mean gap between each pair of consecutive kernels (negative: they
 overlapped, as programmatic dependent launches may). ``--tree DIR`` (cutlass): time the wgmma kernel of
 another source tree too, swapped as ``ab_trees.py`` does (its cubins built with ``ab_build.sh``).
+``--split`` (repeatable): the plan's ``kv_len_per_split`` in tokens, or ``Nrow`` for N times the shape's
+sequence length (pieces that never cut a row of a full-length batch); default: the backend's choice.
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ def timeline(calls: Sequence[Callable[[], object]], rounds: int) -> str:
     return summarise(trace_kernels(graph.replay, rounds), len(calls) * rounds)
 
 
+def split_tokens(split: str | None, seq_len: int) -> int | None:
+    """``--split``'s value in tokens: an int, or ``Nrow`` for N rows of ``seq_len``."""
+    if split is None:
+        return None
+    return int(split[:-3]) * seq_len if split.endswith("row") else int(split)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cutlass")
@@ -90,6 +99,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16, help="calls per graph (input sets rotate)")
     ap.add_argument("--rounds", type=int, default=3, help="graph replays traced")
     ap.add_argument("--tree", action="append", default=[], help="cutlass: another source tree's kernel")
+    ap.add_argument("--split", action="append", default=[], help="kv_len_per_split: tokens, or Nrow")
     a = ap.parse_args()
     dev = torch.device("cuda")
     kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
@@ -112,14 +122,17 @@ def main() -> None:
             for tree in trees:
                 if tree is not None:
                     ab_trees.use_tree(tree)
-                try:
-                    plan = bench.make_plan(a.backend, data, None)
-                except Exception as exc:  # a shape this backend does not serve
-                    print(f"{shape.label} [{tree or a.backend}]: {type(exc).__name__}: {exc}", flush=True)
-                    continue
-                sets = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
-                calls = [sets[i % len(sets)] for i in range(a.calls)]
-                print(f"{shape.label} [{tree or a.backend}]: {timeline(calls, a.rounds)}", flush=True)
+                for split in a.split or [None]:
+                    tokens = split_tokens(split, shape.seq_len)
+                    label = f"{shape.label} [{tree or a.backend}{'' if split is None else f', split {tokens}'}]"
+                    try:
+                        plan = bench.make_plan(a.backend, data, tokens)
+                    except Exception as exc:  # a shape this backend does not serve
+                        print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
+                        continue
+                    sets = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
+                    calls = [sets[i % len(sets)] for i in range(a.calls)]
+                    print(f"{label}: {timeline(calls, a.rounds)}", flush=True)
             del data
             torch.cuda.empty_cache()
 

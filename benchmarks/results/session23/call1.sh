@@ -16,7 +16,8 @@ run() {
     export PYTHONUNBUFFERED=1 TILEGYM_CACHE_DIR=$PWD/.cache/tilecpp
     nvidia-smi --query-gpu=name,driver_version,clocks.current.sm --format=csv > "$OUT/0-info.log" 2>&1
     step 1-tests 110 . "$py" -m pytest -p no:cacheprovider -m gpu -n 0 -q tests/test_cutlass_fp8.py tests/test_cutlass_backend.py
-    step 2-timeline 150 . "$py" benchmarks/timeline.py --suites deepseek,mixed --tree .ab/main --tree .
+    step 2-timeline 120 . "$py" benchmarks/timeline.py --suites deepseek,mixed --tree .ab/main --tree .
+    step 2-timeline-split 60 . "$py" benchmarks/timeline.py --suites many-heads --split 1row --split 2row
     step 2-timeline-fp8 60 . "$py" benchmarks/timeline.py --kv fp8 --suites quantized --tree .ab/main --tree .
     if [ -f .flashmla/libflashmla_sm90.so ]; then  # local only: FlashMLA beside cutlass, pages of 64
         step 3-timeline-flashmla 100 . "$py" .flashmla/timeline_flashmla.py deepseek
