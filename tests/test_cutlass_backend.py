@@ -220,6 +220,24 @@ def test_forced_splits_go_through_the_combine(dtype: torch.dtype, split: int, he
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("split", [64, 256, None])
+def test_combine_ctas_of_many_rows(split: int | None) -> None:
+    """Enough (batch row, query row) pairs that a combine CTA takes several query rows: rows of 1-4
+    segments (one warp each) and of more (the CTA's warps share each row, one row after another)."""
+    g = torch.Generator().manual_seed(split or 1)
+    lens = tuple(int(n) for n in torch.randint(1, 1200, (40,), generator=g))
+    x = make_mla_inputs(40, 128, 1200, device="cuda", kv_lens=lens, generator=g)
+    call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_len_per_split=split, kv_lens=x.kv_lens)
+    assert cutlass_mla.plan(call)._combine_sizes[-1] > 4, "a combine CTA should take several rows"
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, x.kv, x.kpe, None, split, kv_lens=x.kv_lens, return_lse=True, backend=BACKEND
+    )
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
 @pytest.mark.parametrize("page_size", [32, 64])
 def test_large_pages_and_many_heads(page_size: int) -> None:
     g = torch.Generator().manual_seed(page_size)

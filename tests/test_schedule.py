@@ -17,11 +17,13 @@ from tilegym.testing import make_mla_inputs, to_pages
 from tilegym.utils import cdiv
 
 
-def build(lens: list[int], seq_len: int, *, programs: int, block_n: int = 16, fixed: int | None = None):
+def build(
+    lens: list[int], seq_len: int, *, programs: int, block_n: int = 16, fixed: int | None = None, snap: float = 0.0
+):
     x = make_mla_inputs(len(lens), 16, seq_len, 32, 16, dtype=torch.float16, kv_lens=lens)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens)
     min_blocks = fixed or 1
-    return SplitSchedule(call, ScheduleShape(len(lens), block_n, programs, min_blocks, fixed))
+    return SplitSchedule(call, ScheduleShape(len(lens), block_n, programs, min_blocks, fixed, snap))
 
 
 def check_cover(schedule: SplitSchedule, lens: list[int], block_n: int) -> list[tuple[int, int, int, int]]:
@@ -58,6 +60,39 @@ def test_random_lengths_are_covered_and_balanced(seed: int) -> None:
     for slot, row, lo, hi in segments:
         load[slot - row] = load.get(slot - row, 0) + hi - lo
     assert all(work <= per for work in load.values())  # no piece does more than its share
+
+
+@pytest.mark.parametrize(
+    ("batch", "row_blocks", "programs", "snap", "per"),
+    [
+        (64, 64, 66, 1 / 32, 64),  # balanced 63 blocks cut every row; one row per piece is 1.6% more
+        (128, 128, 66, 1 / 32, 256),  # balanced 249; two whole rows per piece is 2.8% more
+        (64, 64, 132, 1 / 32, 32),  # balanced 32 already halves every row
+        (64, 60, 100, 1 / 32, 39),  # balanced 39 cuts rows unevenly; whole rows (60) are 54% more: kept
+        (10, 60, 9, 1 / 32, 67),  # balanced 67; whole rows (120) far more: kept
+        (64, 64, 66, 0.0, 63),  # snap 0: balanced, as before
+    ],
+)
+def test_snap_keeps_rows_whole_when_it_costs_little(batch, row_blocks, programs, snap, per) -> None:
+    lens = [row_blocks * 16] * batch
+    schedule = build(lens, row_blocks * 16, programs=programs, snap=snap)
+    assert int(schedule.blocks_per_program) == per
+    segments = check_cover(schedule, lens, 16)
+    balanced = cdiv(batch * row_blocks, programs)
+    if per != balanced:  # snapped: every row in one segment, or in equal ones
+        assert all((hi - lo) in (row_blocks, per) for _, _, lo, hi in segments)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_snap_leaves_unequal_rows_balanced(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 400, (int(torch.randint(2, 40, (1,), generator=g)),), generator=g).tolist()
+    lens[0] = 400  # at least two lengths
+    lens[1] = 1
+    schedule = build(lens, 400, programs=int(torch.randint(1, 50, (1,), generator=g)), snap=0.5)
+    programs = schedule.shape.programs
+    assert int(schedule.blocks_per_program) == max(1, cdiv(sum(cdiv(n, 16) for n in lens), programs))
+    check_cover(schedule, lens, 16)
 
 
 def test_lengths_are_clamped_and_empty_rows_own_no_segment() -> None:

@@ -7,6 +7,12 @@ into ``programs`` equal pieces of ``per = cdiv(total, programs)`` blocks (at lea
 persistent CTA: ``programs`` is one wave) computes one piece, walking the rows it meets,
 ``first_row[p]`` to ``last_row[p]``; where piece p meets row b, that overlap is a *segment*.
 
+A plan may allow ``snap``: when every row has the same ``L`` blocks and a piece size that never cuts a
+row apart from a whole divisor of it (``m * L``, or ``L / k``) is at most ``1 + snap`` times ``per``, that
+size is used instead. Every row then has one segment (or k equal ones): no partials for the combine,
+no second query staging inside a piece. Where the split kernel is compute-bound (many query rows per
+block) that pays for a few percent more blocks in the longest piece.
+
 Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never
 covers an earlier row) and at most ``programs + batch - 2``; the slots of row b are the
 consecutive range ``[cum[b] // per + b, (cum[b + 1] - 1) // per + b]``. A row covered by a
@@ -38,6 +44,7 @@ class ScheduleShape:
     programs: int  # pieces the block line is cut into (per head group)
     min_blocks: int  # fewest blocks per piece
     fixed_blocks: int | None  # blocks per piece when the caller fixes kv_len_per_split
+    snap: float = 0.0  # how much longer a piece may get so that no piece cuts a row (0: never)
 
     @property
     def slots(self) -> int:
@@ -65,12 +72,18 @@ def fewest_blocks_per_piece(call: MLADecodeCall, block_n: int, pieces_per_row: i
 
 
 def schedule_shape(
-    call: MLADecodeCall, *, block_n: int, programs_per_sm: int, head_groups: int, min_blocks: int = 1
+    call: MLADecodeCall,
+    *,
+    block_n: int,
+    programs_per_sm: int,
+    head_groups: int,
+    min_blocks: int = 1,
+    snap: float = 0.0,
 ) -> ScheduleShape:
     """The schedule sizes for ``call``: balanced pieces, or fixed ones of ``call.kv_len_per_split``."""
     if call.kv_len_per_split is None:
         programs = default_programs(call, programs_per_sm, head_groups)
-        return ScheduleShape(call.batch, block_n, programs, min_blocks, None)
+        return ScheduleShape(call.batch, block_n, programs, min_blocks, None, snap)
     fixed = cdiv(call.kv_len_per_split, block_n)
     return ScheduleShape(call.batch, block_n, max(1, cdiv(most_blocks(call, block_n), fixed)), fixed, fixed)
 
@@ -83,6 +96,21 @@ def row_capacity(call: MLADecodeCall) -> int | torch.Tensor:
     starts = call.kv_indptr[:-1].clamp(0, nnz)
     ends = torch.maximum(call.kv_indptr[1:].clamp(0, nnz), starts)
     return (ends - starts) * call.page_size
+
+
+def snapped_per(per: torch.Tensor, blocks: torch.Tensor, snap: float) -> torch.Tensor:
+    """``per`` ([1]), or the piece size closest above it that cuts no row when every row has the same
+    ``L`` blocks: ``m * L`` (whole rows) or ``L / k`` (k equal segments), if at most ``1 + snap`` times
+    ``per``. Device ops only: the schedule stays capturable."""
+    most = blocks.max().view(1)
+    whole_rows = torch.div(per + most - 1, most.clamp(min=1), rounding_mode="floor") * most
+    cuts = torch.div(most, per, rounding_mode="floor").clamp(min=1)  # k: segments per row
+    equal_parts = torch.div(most, cuts, rounding_mode="floor")
+    candidate = torch.where(per >= most, whole_rows, equal_parts)
+    exact = (per >= most) | (most % cuts == 0)
+    fits = (candidate >= per) & (candidate.double() <= per.double() * (1 + snap))
+    uniform = (blocks.min() == most) & (most > 0)
+    return torch.where(uniform & exact & fits, candidate, per)
 
 
 class SplitSchedule:
@@ -115,7 +143,10 @@ class SplitSchedule:
             self.blocks_per_program.fill_(shape.fixed_blocks)
         else:
             per = torch.div(self.cum_blocks[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
-            torch.clamp(per, min=shape.min_blocks, out=self.blocks_per_program)
+            per = per.clamp(min=shape.min_blocks)
+            if shape.snap > 0:
+                per = snapped_per(per, blocks, shape.snap)
+            self.blocks_per_program.copy_(per)
         total = self.cum_blocks[-1:]
         starts = self._piece_ids * self.blocks_per_program
         ends = torch.minimum(starts + self.blocks_per_program, total)

@@ -347,10 +347,6 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
   const int wt = tid % 128;  // thread inside its warpgroup
   const int piece = blockIdx.x;
   const int r0 = blockIdx.y * kRows;
-  const int per = blocks_per_program[0];
-  const int start = piece * per;
-  const int first_row = piece_rows[piece];
-  const int last_row = piece_rows[num_pieces + piece];
   const int my_row0 = (wt / 32) * 16 + (wt % 32) / 4;  // this thread's accumulator rows: + 0, + 8
   // The cache's L2 policy: a pair's partner reads the same blocks a little later (tilegym_cutlass::l2_policy).
   const uint64_t policy = tilegym_cutlass::l2_policy(kPair == 1);
@@ -361,6 +357,13 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
   }
   tilegym_cutlass::allow_dependent_launch();  // the combine may be placed as SMs free up
   __syncthreads();
+  // A programmatic dependent launch: what comes before overlaps the previous kernel's end, and nothing
+  // a previous kernel wrote (schedule, queries, cache) is read before this wait.
+  tilegym_cutlass::wait_for_previous_grid();
+  const int per = blocks_per_program[0];
+  const int start = piece * per;
+  const int first_row = piece_rows[piece];
+  const int last_row = piece_rows[num_pieces + piece];
 
   // bf16/fp16: warpgroup 2 is the producer. Its first warp issues every TMA load of the CTA, in block
   // order, each (buffer, side) once the warpgroup that read it last has released it; the consumers

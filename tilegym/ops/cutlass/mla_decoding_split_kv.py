@@ -31,7 +31,7 @@ import torch
 from tilegym.ops.contract import DENSE, FP8_DS_MLA, RAGGED, MLADecodeCall
 from tilegym.ops.cubin_loader import CudaKernel
 from tilegym.ops.schedule import ScheduleShape, SplitSchedule, fewest_blocks_per_piece, schedule_shape
-from tilegym.utils import cdiv
+from tilegym.utils import cdiv, multiprocessor_count
 
 HEADER = "mla_decoding_split_kv.cuh"
 KERNEL = "mla_decode_cute_split_kernel"
@@ -51,9 +51,15 @@ SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 
 # L2 less work (H200 sweep: 64 x 4096 x 128 180.2 us vs 193.3 as separate CTAs, 128 x 8192 x 128
 # 632.9 vs 702.3).
 PAIR_GROUPS = 2
+# A cluster pair's pieces may grow by this much so that none cuts a row of an equal-length batch
+# (tilegym/ops/schedule.py, snap). Session 23's timeline at 64 x 4096 x 128: 141.7 us per call with
+# one row per piece (64 blocks) against 152.0 balanced (63 blocks): no partials, no second query
+# staging, no combine work; at 128 x 8192 x 128, two rows per piece (+2.8%): 548.0 against 560.4.
+PAIR_SNAP = 1 / 32
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
+COMBINE_CTAS_PER_SM = 6  # the combine's __launch_bounds__ minimum (kCtasPerSm): CTAs of one wave per SM
 MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -228,7 +234,14 @@ def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False) -> C
 def combine_kernel(dtype: torch.dtype) -> CudaKernel:
     """The combine kernel writing ``dtype`` output."""
     pointers = ("const float*", "const float*", "const int*", "const int*", f"{C_TYPES[dtype]}*", "float*")
-    return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), (*pointers, "int", "int"))
+    return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), (*pointers, "int", "int", "int"))
+
+
+def combine_rows_per_cta(rows: int, batch: int, sms: int) -> int:
+    """Query rows per combine CTA: the fewest that keep its grid, cdiv(rows, n) x batch CTAs, about one
+    wave (a CTA pays its start, schedule reads and wait once); past 4, a multiple of its 4 warps."""
+    n = cdiv(rows * batch, sms * COMBINE_CTAS_PER_SM)
+    return min(rows, n if n <= 4 else 4 * cdiv(n, 4))
 
 
 @functools.cache
@@ -405,6 +418,10 @@ class CutlassDecodePlan:
     # The combine starts as a programmatic dependent launch: its CTAs are placed while the split
     # kernel's last CTAs run and wait on the device for its end, instead of after a full kernel boundary.
     early_combine = True
+    # The split kernel of a CTA alone is a programmatic dependent launch too: its CTAs are placed as the
+    # previous kernel (the last call's combine, say) ends, and wait on the device before reading anything
+    # (session 23 A/B: 1-2% faster at 16 heads; a cluster pair was no faster, 5% slower with fp8 caches).
+    early_split = True
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
     min_blocks = 1
@@ -419,6 +436,7 @@ class CutlassDecodePlan:
             programs_per_sm=self.programs_per_sm,
             head_groups=groups,
             min_blocks=self.min_blocks,
+            snap=PAIR_SNAP if groups == PAIR_GROUPS else 0.0,
         )
         shape = self._one_wave(shape)
         self.schedule = s = SplitSchedule(call, shape)
@@ -454,15 +472,23 @@ class CutlassDecodePlan:
         )
         self._workspace = (self.part_out.data_ptr(), self.part_lse.data_ptr())
         self._combine_schedule = (*self._workspace, s.cum_blocks.data_ptr(), s.blocks_per_program.data_ptr())
-        self._combine_sizes = (rows, int(call.return_lse))
+        per_cta = combine_rows_per_cta(rows, call.batch, multiprocessor_count(call.device))
+        self._combine_sizes = (rows, int(call.return_lse), per_cta)
         grid = (shape.programs, groups, 1)
         self._maps: dict[tuple[int, int, int], tuple[bytes | int, ...]] = {}
         self._launch_split = self._split_kernel().bind(
-            self.device_index, grid, (self.threads, 1, 1), self._shared_bytes()
+            self.device_index,
+            grid,
+            (self.threads, 1, 1),
+            self._shared_bytes(),
+            early_start=self.early_split and groups != PAIR_GROUPS,
         )
         combine = combine_kernel(call.q.dtype)
         self._launch_combine = combine.bind(
-            self.device_index, (rows, call.batch, 1), (COMBINE_THREADS, 1, 1), early_start=self.early_combine
+            self.device_index,
+            (cdiv(rows, per_cta), call.batch, 1),
+            (COMBINE_THREADS, 1, 1),
+            early_start=self.early_combine,
         )
 
     def _split_kernel(self) -> CudaKernel:

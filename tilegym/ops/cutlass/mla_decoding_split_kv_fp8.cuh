@@ -347,13 +347,6 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
   float* s_x = s_all + wg * kRows * kSRow;
   const int piece = blockIdx.x;
-  const int per = blocks_per_program[0];
-  const int start = piece * per;
-  const int first_row = piece_rows[piece];
-  const int last_row = piece_rows[num_pieces + piece];
-  // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
-  const float kv_scale = kFormat == kPerTensor ? *tensor_scale : 1.f;
-
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
@@ -362,6 +355,14 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   }
   allow_dependent_launch();  // the combine's CTAs may take the SM room this kernel leaves
   __syncthreads();
+  // A programmatic dependent launch: nothing a previous kernel wrote is read before this wait.
+  tilegym_cutlass::wait_for_previous_grid();
+  const int per = blocks_per_program[0];
+  const int start = piece * per;
+  const int first_row = piece_rows[piece];
+  const int last_row = piece_rows[num_pieces + piece];
+  // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
+  const float kv_scale = kFormat == kPerTensor ? *tensor_scale : 1.f;
   // Blocks of the piece in order, n = 0, 1, ...: block start + n of the flattened schedule, whatever its
   // row. A cursor over the rows that only moves forward finds the row of the block to issue (each
   // issuing warp keeps its own).
