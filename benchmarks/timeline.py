@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="graph replays traced")
     ap.add_argument("--tree", action="append", default=[], help="cutlass: another source tree's kernel")
     ap.add_argument("--split", action="append", default=[], help="kv_len_per_split: tokens, or Nrow")
+    ap.add_argument("--combine-rows", type=int, help="cutlass: most query rows per combine CTA")
     a = ap.parse_args()
     dev = torch.device("cuda")
     kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
@@ -113,6 +114,10 @@ def main() -> None:
         layout=a.layout,
         page_size=a.page_size,
     )
+    if a.combine_rows is not None:
+        from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+
+        cutlass_mla.COMBINE_MAX_ROWS_PER_CTA = a.combine_rows
     trees = a.tree or [None]
     if a.tree:
         import ab_trees  # beside this file

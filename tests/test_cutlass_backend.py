@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tilegym.backend import BackendUnavailableError
-from tilegym.ops import mla_decoding_split_kv
+from tilegym.ops import mla_decoding_split_kv, plan_mla_decoding
 from tilegym.ops.accuracy import lse_rtol, lse_tolerance
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
@@ -221,17 +221,20 @@ def test_forced_splits_go_through_the_combine(dtype: torch.dtype, split: int, he
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("split", [64, 256, None])
-def test_combine_ctas_of_many_rows(split: int | None) -> None:
+@pytest.mark.parametrize("most_rows", [4, 32])
+def test_combine_ctas_of_many_rows(split: int | None, most_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Enough (batch row, query row) pairs that a combine CTA takes several query rows: rows of 1-4
-    segments (one warp each) and of more (the CTA's warps share each row, one row after another)."""
+    segments (a warp each) and of more (the CTA's warps share each row, one row after another); and,
+    with COMBINE_MAX_ROWS_PER_CTA raised, warps that take several rows one after another."""
+    monkeypatch.setattr(cutlass_mla, "COMBINE_MAX_ROWS_PER_CTA", most_rows)
     g = torch.Generator().manual_seed(split or 1)
     lens = tuple(int(n) for n in torch.randint(1, 1200, (40,), generator=g))
     x = make_mla_inputs(40, 128, 1200, device="cuda", kv_lens=lens, generator=g)
-    call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_len_per_split=split, kv_lens=x.kv_lens)
-    assert cutlass_mla.plan(call)._combine_sizes[-1] > 4, "a combine CTA should take several rows"
-    out, lse = mla_decoding_split_kv(
-        x.q, x.qpe, x.kv, x.kpe, None, split, kv_lens=x.kv_lens, return_lse=True, backend=BACKEND
-    )
+    kwargs = {"kv_lens": x.kv_lens, "return_lse": True}
+    plan = plan_mla_decoding(x.q, x.qpe, x.kv, x.kpe, None, split, backend=BACKEND, **kwargs)
+    rows = plan.runner._combine_sizes[-1]
+    assert rows == 4 if most_rows == 4 else rows > 4, f"a combine CTA takes {rows} query rows"
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, None, split, plan=plan, **kwargs)
     torch.cuda.synchronize()
     _check(x, out, lse, causal=True)
 

@@ -2,10 +2,9 @@
 //
 // One CTA of 4 warps = batch row b (blockIdx.y) and rows_per_cta query rows (blockIdx.x); lane l of a
 // warp owns columns 128 j + 4 l .. + 3 (j < 4) of the 512, so each float4 load of a warp reads 512
-// contiguous bytes. The host picks rows_per_cta so that the grid is about one wave: CTAs that start,
-// read the schedule and wait once, then stream (session 23's timeline: with one CTA per query row, the
-// combine ran 12-20 us after the split kernel at 128 heads, in waves of CTAs that each paid that
-// latency). Row b's segments sit in the consecutive work slots [cum[b] / per + b, (cum[b + 1] - 1) /
+// contiguous bytes. The host picks rows_per_cta (mla_decoding_split_kv.py, combine_rows_per_cta): as
+// few CTAs as fill about one wave, each paying its start, schedule reads and wait once, but at most a
+// row per warp where the grid would be larger (a warp's rows run one after another). Row b's segments sit in the consecutive work slots [cum[b] / per + b, (cum[b + 1] - 1) /
 // per + b] (tilegym/ops/schedule.py); count, the number of segments, is the CTA's. Then:
 // - count 1: the split kernel wrote the rows; the CTA returns at once.
 // - count <= kWideRow: warp w takes the CTA's rows w, w + 4, ..., each alone.

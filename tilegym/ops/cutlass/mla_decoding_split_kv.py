@@ -60,6 +60,9 @@ MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
 COMBINE_CTAS_PER_SM = 6  # the combine's __launch_bounds__ minimum (kCtasPerSm): CTAs of one wave per SM
+# One row per warp: with more, a warp's rows run one after another, one memory latency each (session 23:
+# 24 rows per CTA made mixed lengths at 128 heads 2.5 us slower than one-row CTAs).
+COMBINE_MAX_ROWS_PER_CTA = 4
 MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -239,8 +242,9 @@ def combine_kernel(dtype: torch.dtype) -> CudaKernel:
 
 def combine_rows_per_cta(rows: int, batch: int, sms: int) -> int:
     """Query rows per combine CTA: the fewest that keep its grid, cdiv(rows, n) x batch CTAs, about one
-    wave (a CTA pays its start, schedule reads and wait once); past 4, a multiple of its 4 warps."""
-    n = cdiv(rows * batch, sms * COMBINE_CTAS_PER_SM)
+    wave (a CTA pays its start, schedule reads and wait once), but at most COMBINE_MAX_ROWS_PER_CTA;
+    past 4, a multiple of its 4 warps."""
+    n = min(cdiv(rows * batch, sms * COMBINE_CTAS_PER_SM), COMBINE_MAX_ROWS_PER_CTA)
     return min(rows, n if n <= 4 else 4 * cdiv(n, 4))
 
 
