@@ -25,7 +25,7 @@ run() {
     export -f combine_rows
     export py
     step 2-combine-rows 100 . bash -c combine_rows
-    BENCH_LIMIT=100 bash benchmarks/run_h200.sh deepseek many-heads mtp quantized quantized+fp8 mixed many-heads+fp8 mtp+fp8 deepseek:paged:64
+    BENCH_LIMIT=100 bash benchmarks/run_h200.sh deepseek many-heads mtp quantized quantized+fp8 mixed many-heads+fp8 mtp+fp8
 }
 
 case ${1:-} in
