@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 23, device call 3: the cutlass GPU tests; the combine's rows per CTA, at most 4 (one per warp)
-# against 32 (about one wave), on the mixed suite, order alternating; then the suites whose cutlass rows
+# against 32 (about one wave), on the many-heads and mixed suites, order alternating; then the suites whose cutlass rows
 # this session's changes move (benchmarks/run_h200.sh).
 #
 #   bash benchmarks/results/session23/call3.sh run   # device: carry [".cache/tilecpp"]
@@ -14,7 +14,7 @@ py=${PYTHON:-python3}
 combine_rows() {
     for rows in 4 32 32 4; do
         echo "--- at most $rows query rows per combine CTA"
-        "$py" benchmarks/timeline.py --suites mixed --combine-rows "$rows" 2>&1 | grep period
+        "$py" benchmarks/timeline.py --suites many-heads,mixed --combine-rows "$rows" 2>&1 | grep period
     done
 }
 
@@ -24,7 +24,7 @@ run() {
     step 1-tests 110 . "$py" -m pytest -p no:cacheprovider -m gpu -n 0 -q tests/test_cutlass_fp8.py tests/test_cutlass_backend.py
     export -f combine_rows
     export py
-    step 2-combine-rows 100 . bash -c combine_rows
+    step 2-combine-rows 130 . bash -c combine_rows
     BENCH_LIMIT=100 bash benchmarks/run_h200.sh deepseek many-heads mtp quantized quantized+fp8 mixed many-heads+fp8 mtp+fp8
 }
 
