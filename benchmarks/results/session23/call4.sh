@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 23, device call 4: the paged reports whose cutlass rows predate sessions 22-23
+# Session 23, device call 4 (prepared, NOT run: the session's device time ran out): the paged reports whose cutlass rows predate sessions 22-23
 # (deepseek and mixed with pages of 64), every backend.
 #
 #   bash benchmarks/results/session23/call4.sh run   # device: carry [".cache/tilecpp"]
