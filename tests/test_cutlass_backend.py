@@ -292,6 +292,28 @@ def test_cluster_pairs_stay_one_wave() -> None:
 
 @pytest.mark.gpu
 @needs_hopper
+def test_equal_rows_are_not_cut_by_a_cluster_pairs_pieces() -> None:
+    """64 rows of 64 blocks at 128 heads: balanced pieces would be 63 blocks on the H200's 66 pairs;
+    the plan snaps them to one whole row each (schedule.py, snap), so no row goes through the combine."""
+    g = torch.Generator().manual_seed(64)
+    x = make_mla_inputs(64, 128, 4096, device="cuda", generator=g)
+    call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, return_lse=True)
+    plan = cutlass_mla.plan(call)
+    programs = plan.schedule.shape.programs
+    if not 64 <= programs <= 66:
+        pytest.skip(f"written for 64-66 cluster pairs in one wave (the H200 fits 66); this GPU fits {programs}")
+    assert int(plan.schedule.blocks_per_program) == 64
+    first, last = plan.schedule.piece_rows.cpu()
+    assert torch.equal(first[:64], torch.arange(64, dtype=torch.int32)), "piece p starts at row p"
+    assert torch.equal(last[:64], first[:64]), "and ends there"
+    assert bool((last[64:] < first[64:]).all()), "the pieces past the rows are empty"
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, return_lse=True, backend=BACKEND)
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_graph_replay_is_bitwise_stable() -> None:
     g = torch.Generator().manual_seed(7)
     x = make_mla_inputs(8, 64, 1024, device="cuda", kv_lens=tuple(range(100, 1024, 120)), generator=g)
