@@ -7,11 +7,12 @@ into ``programs`` equal pieces of ``per = cdiv(total, programs)`` blocks (at lea
 persistent CTA: ``programs`` is one wave) computes one piece, walking the rows it meets,
 ``first_row[p]`` to ``last_row[p]``; where piece p meets row b, that overlap is a *segment*.
 
-A plan may allow ``snap``: when every row has the same ``L`` blocks and a piece size that never cuts a
-row apart from a whole divisor of it (``m * L``, or ``L / k``) is at most ``1 + snap`` times ``per``, that
-size is used instead. Every row then has one segment (or k equal ones): no partials for the combine,
-no second query staging inside a piece. Where the split kernel is compute-bound (many query rows per
-block) that pays for a few percent more blocks in the longest piece.
+A plan may allow ``snap``: when every row has the same ``L`` blocks, the smallest piece size of at
+least ``per`` that holds whole rows (``m * L``) or cuts each row into k equal segments (``L / k``) is
+used instead, if it is at most ``1 + snap`` times ``per``. No piece then meets a row part-way: with
+whole rows there are no partials for the combine and no second query staging inside a piece. Where
+the split kernel is compute-bound (many query rows per block) that pays for a few percent more
+blocks in the longest piece.
 
 Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never
 covers an earlier row) and at most ``programs + batch - 2``; the slots of row b are the
