@@ -12,8 +12,10 @@ Two stage-1 kernels:
     rows, where decoding is bound by the cache bytes; CTAs of one or more 128-thread warpgroups
     taking alternate blocks; the plan encodes TMA maps of the cache's values, rope and scales.
 Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
-zeroes empty rows; it is a programmatic dependent launch (its CTAs are placed as the split kernel's
-CTAs end and wait on the device for the split grid, with no kernel boundary between them).
+zeroes empty rows, up to 4 query rows per CTA; it is a programmatic dependent launch (its CTAs are
+placed as the split kernel's CTAs end and wait on the device for the split grid, with no kernel
+boundary between them), and so is the split kernel of a CTA alone after whatever precedes it.
+Cluster pairs snap their pieces to whole rows of an equal-length batch (``PAIR_SNAP``).
 Variants: the dtypes and cache format only; layout (dense, paged, ragged, any page size), sizes,
 strides, lengths and the schedule are runtime arguments, so a new shape never compiles.
 """
