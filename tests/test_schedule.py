@@ -12,6 +12,7 @@ from tilegym.ops.schedule import (
     fewest_blocks_per_piece,
     schedule_shape,
     segments_on_host,
+    snapped_size,
 )
 from tilegym.testing import make_mla_inputs, to_pages
 from tilegym.utils import cdiv
@@ -81,6 +82,20 @@ def test_snap_keeps_rows_whole_when_it_costs_little(batch, row_blocks, programs,
     balanced = cdiv(batch * row_blocks, programs)
     if per != balanced:  # snapped: every row in one segment, or in equal ones
         assert all((hi - lo) in (row_blocks, per) for _, _, lo, hi in segments)
+
+
+def test_snapped_sizes_cut_rows_evenly_and_cost_little() -> None:
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2000):
+        rows, balanced = (int(v) for v in torch.randint(1, 300, (2,), generator=g))
+        snap = float(torch.rand(1, generator=g)) * 0.2
+        size = snapped_size(rows, balanced, snap)
+        if size == 0:
+            whole = -(-balanced // rows) * rows
+            assert balanced < rows or whole > balanced * (1 + snap), (rows, balanced, snap)
+            continue
+        assert balanced <= size <= balanced * (1 + snap), (rows, balanced, snap, size)
+        assert size % rows == 0 or rows % size == 0, (rows, balanced, snap, size)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -7,12 +7,14 @@ into ``programs`` equal pieces of ``per = cdiv(total, programs)`` blocks (at lea
 persistent CTA: ``programs`` is one wave) computes one piece, walking the rows it meets,
 ``first_row[p]`` to ``last_row[p]``; where piece p meets row b, that overlap is a *segment*.
 
-A plan may allow ``snap``: when every row has the same ``L`` blocks, the smallest piece size of at
-least ``per`` that holds whole rows (``m * L``) or cuts each row into k equal segments (``L / k``) is
-used instead, if it is at most ``1 + snap`` times ``per``. No piece then meets a row part-way: with
-whole rows there are no partials for the combine and no second query staging inside a piece. Where
-the split kernel is compute-bound (many query rows per block) that pays for a few percent more
-blocks in the longest piece.
+A plan may allow ``snap``: when every row has the same ``L`` blocks, a piece size that holds whole
+rows (``m * L``, the smallest at least ``per``) or, for ``k = L // per``, cuts each row into k equal
+segments (``L / k``, when k divides L) is used instead, if it is at most ``1 + snap`` times ``per``.
+No piece then meets a row part-way: with whole rows there are no partials for the combine and no
+second query staging inside a piece. Where the split kernel is compute-bound (many query rows per
+block) that pays for a few percent more blocks in the longest piece. The sizes for every possible
+``L`` are tabled when the schedule is built, so a refresh looks its rows' length up (a few device
+ops, capturable) instead of computing the rule.
 
 Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never
 covers an earlier row) and at most ``programs + batch - 2``; the slots of row b are the
@@ -89,6 +91,13 @@ def schedule_shape(
     return ScheduleShape(call.batch, block_n, max(1, cdiv(most_blocks(call, block_n), fixed)), fixed, fixed)
 
 
+def most_row_tokens(call: MLADecodeCall) -> int:
+    """A host-known bound of any one row's tokens (ragged: every page of the cache's index)."""
+    if call.layout == RAGGED:
+        return call.kv_indices.numel() * call.page_size
+    return call.seq_len
+
+
 def row_capacity(call: MLADecodeCall) -> int | torch.Tensor:
     """Most tokens each row can hold: an int for dense and paged caches, a [B] tensor for ragged."""
     if call.layout != RAGGED:
@@ -99,19 +108,31 @@ def row_capacity(call: MLADecodeCall) -> int | torch.Tensor:
     return (ends - starts) * call.page_size
 
 
-def snapped_per(per: torch.Tensor, blocks: torch.Tensor, snap: float) -> torch.Tensor:
-    """``per`` ([1]), or the piece size closest above it that cuts no row when every row has the same
-    ``L`` blocks: ``m * L`` (whole rows) or ``L / k`` (k equal segments), if at most ``1 + snap`` times
-    ``per``. Device ops only: the schedule stays capturable."""
-    most = blocks.max().view(1)
-    whole_rows = torch.div(per + most - 1, most.clamp(min=1), rounding_mode="floor") * most
-    cuts = torch.div(most, per, rounding_mode="floor").clamp(min=1)  # k: segments per row
-    equal_parts = torch.div(most, cuts, rounding_mode="floor")
-    candidate = torch.where(per >= most, whole_rows, equal_parts)
-    exact = (per >= most) | (most % cuts == 0)
-    fits = (candidate >= per) & (candidate.double() <= per.double() * (1 + snap))
-    uniform = (blocks.min() == most) & (most > 0)
-    return torch.where(uniform & exact & fits, candidate, per)
+def snapped_size(row_blocks: int, balanced: int, snap: float) -> int:
+    """A piece size of at least ``balanced`` that cuts rows of L = ``row_blocks`` blocks only into equal
+    segments: whole rows (the smallest ``m * L``) or, for ``k = L // balanced``, ``L / k`` when k divides
+    L; returned if at most ``1 + snap`` times ``balanced``, else 0 (keep the balanced size)."""
+    if row_blocks <= 0 or balanced <= 0:
+        return 0
+    if balanced >= row_blocks:
+        candidate = cdiv(balanced, row_blocks) * row_blocks
+    else:
+        cuts = row_blocks // balanced
+        if row_blocks % cuts:
+            return 0
+        candidate = row_blocks // cuts
+    return candidate if candidate <= balanced * (1 + snap) else 0
+
+
+def snap_table(shape: ScheduleShape, most_row_blocks: int) -> list[int]:
+    """``snapped_size`` for every row length L in 0..most_row_blocks, when all ``shape.batch`` rows
+    have L blocks (the balanced size is then known from L alone): refreshing a schedule looks its
+    lengths up here instead of computing the rule with a dozen device ops."""
+    table = []
+    for row_blocks in range(most_row_blocks + 1):
+        balanced = max(shape.min_blocks, cdiv(shape.batch * row_blocks, shape.programs))
+        table.append(snapped_size(row_blocks, balanced, shape.snap))
+    return table
 
 
 class SplitSchedule:
@@ -126,6 +147,11 @@ class SplitSchedule:
         self.blocks_per_program = torch.empty(1, dtype=torch.int32, device=device)
         self.piece_rows = torch.empty((2, shape.programs), dtype=torch.int32, device=device)
         self._piece_ids = torch.arange(shape.programs, dtype=torch.int32, device=device)
+        self._snap_table = None
+        if shape.snap > 0 and shape.fixed_blocks is None:
+            most_row_blocks = cdiv(most_row_tokens(call), shape.block_n)
+            table = snap_table(shape, most_row_blocks)
+            self._snap_table = torch.tensor(table, dtype=torch.int32, device=device)
         self.refresh()
 
     def refresh(self) -> None:
@@ -145,8 +171,10 @@ class SplitSchedule:
         else:
             per = torch.div(self.cum_blocks[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
             per = per.clamp(min=shape.min_blocks)
-            if shape.snap > 0:
-                per = snapped_per(per, blocks, shape.snap)
+            if self._snap_table is not None:  # rows all of L blocks: the table's size for L, if any
+                least, most = torch.aminmax(blocks)
+                snapped = self._snap_table[torch.where(least == most, most, 0)]
+                per = torch.where(snapped > 0, snapped, per)
             self.blocks_per_program.copy_(per)
         total = self.cum_blocks[-1:]
         starts = self._piece_ids * self.blocks_per_program
