@@ -12,7 +12,7 @@ from tilegym.ops.schedule import (
     fewest_blocks_per_piece,
     schedule_shape,
     segments_on_host,
-    snapped_size,
+    snapped_sizes,
 )
 from tilegym.testing import make_mla_inputs, to_pages
 from tilegym.utils import cdiv
@@ -86,16 +86,18 @@ def test_snap_keeps_rows_whole_when_it_costs_little(batch, row_blocks, programs,
 
 def test_snapped_sizes_cut_rows_evenly_and_cost_little() -> None:
     g = torch.Generator().manual_seed(3)
-    for _ in range(2000):
-        rows, balanced = (int(v) for v in torch.randint(1, 300, (2,), generator=g))
-        snap = float(torch.rand(1, generator=g)) * 0.2
-        size = snapped_size(rows, balanced, snap)
-        if size == 0:
-            whole = -(-balanced // rows) * rows
-            assert balanced < rows or whole > balanced * (1 + snap), (rows, balanced, snap)
-            continue
-        assert balanced <= size <= balanced * (1 + snap), (rows, balanced, snap, size)
-        assert size % rows == 0 or rows % size == 0, (rows, balanced, snap, size)
+    for snap in (0.0, 1 / 32, 0.2):
+        rows = torch.randint(0, 300, (4000,), generator=g)
+        balanced = torch.randint(1, 300, (4000,), generator=g)
+        sizes = snapped_sizes(rows, balanced, snap)
+        for n, per, size in zip(rows.tolist(), balanced.tolist(), sizes.tolist(), strict=True):
+            if size == 0:  # kept balanced: whole rows cost too much, and L / (L // per) did too or is uneven
+                k = n // per
+                uneven = k == 0 or n % k != 0 or n // k > per * (1 + snap)
+                assert n == 0 or (-(-per // n) * n > per * (1 + snap) and (per >= n or uneven)), (n, per, snap)
+                continue
+            assert per <= size <= per * (1 + snap), (n, per, snap, size)
+            assert size % n == 0 or n % size == 0, (n, per, snap, size)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -108,31 +108,27 @@ def row_capacity(call: MLADecodeCall) -> int | torch.Tensor:
     return (ends - starts) * call.page_size
 
 
-def snapped_size(row_blocks: int, balanced: int, snap: float) -> int:
-    """A piece size of at least ``balanced`` that cuts rows of L = ``row_blocks`` blocks only into equal
-    segments: whole rows (the smallest ``m * L``) or, for ``k = L // balanced``, ``L / k`` when k divides
-    L; returned if at most ``1 + snap`` times ``balanced``, else 0 (keep the balanced size)."""
-    if row_blocks <= 0 or balanced <= 0:
-        return 0
-    if balanced >= row_blocks:
-        candidate = cdiv(balanced, row_blocks) * row_blocks
-    else:
-        cuts = row_blocks // balanced
-        if row_blocks % cuts:
-            return 0
-        candidate = row_blocks // cuts
-    return candidate if candidate <= balanced * (1 + snap) else 0
+def snapped_sizes(row_blocks: torch.Tensor, balanced: torch.Tensor, snap: float) -> torch.Tensor:
+    """Elementwise: a piece size of at least ``balanced`` that cuts rows of L = ``row_blocks`` blocks only
+    into equal segments, whole rows (the smallest ``m * L``) or, for ``k = L // balanced``, ``L / k`` when
+    k divides L; kept if at most ``1 + snap`` times ``balanced``, else 0 (keep the balanced size).
+    Integer tensors; device ops only."""
+    rows, per = row_blocks.long(), balanced.long().clamp(min=1)
+    whole = torch.div(per + rows - 1, rows.clamp(min=1), rounding_mode="floor") * rows
+    cuts = torch.div(rows, per, rounding_mode="floor").clamp(min=1)
+    parts = torch.where(rows % cuts == 0, torch.div(rows, cuts, rounding_mode="floor"), 0)
+    candidate = torch.where(per >= rows, whole, parts)
+    fits = (rows > 0) & (candidate >= per) & (candidate.double() <= per.double() * (1 + snap))
+    return torch.where(fits, candidate, 0)
 
 
-def snap_table(shape: ScheduleShape, most_row_blocks: int) -> list[int]:
-    """``snapped_size`` for every row length L in 0..most_row_blocks, when all ``shape.batch`` rows
-    have L blocks (the balanced size is then known from L alone): refreshing a schedule looks its
-    lengths up here instead of computing the rule with a dozen device ops."""
-    table = []
-    for row_blocks in range(most_row_blocks + 1):
-        balanced = max(shape.min_blocks, cdiv(shape.batch * row_blocks, shape.programs))
-        table.append(snapped_size(row_blocks, balanced, shape.snap))
-    return table
+def snap_table(shape: ScheduleShape, most_row_blocks: int, device: torch.device) -> torch.Tensor:
+    """``snapped_sizes`` for every row length L in 0..most_row_blocks when all ``shape.batch`` rows have
+    L blocks (the balanced size is then known from L alone), built on the device (capturable): a
+    refresh looks its rows' length up here instead of computing the rule with a dozen device ops."""
+    rows = torch.arange(most_row_blocks + 1, device=device)
+    balanced = torch.div(shape.batch * rows + shape.programs - 1, shape.programs, rounding_mode="floor")
+    return snapped_sizes(rows, balanced.clamp(min=shape.min_blocks), shape.snap).to(torch.int32)
 
 
 class SplitSchedule:
@@ -149,9 +145,7 @@ class SplitSchedule:
         self._piece_ids = torch.arange(shape.programs, dtype=torch.int32, device=device)
         self._snap_table = None
         if shape.snap > 0 and shape.fixed_blocks is None:
-            most_row_blocks = cdiv(most_row_tokens(call), shape.block_n)
-            table = snap_table(shape, most_row_blocks)
-            self._snap_table = torch.tensor(table, dtype=torch.int32, device=device)
+            self._snap_table = snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
         self.refresh()
 
     def refresh(self) -> None:
@@ -173,7 +167,8 @@ class SplitSchedule:
             per = per.clamp(min=shape.min_blocks)
             if self._snap_table is not None:  # rows all of L blocks: the table's size for L, if any
                 least, most = torch.aminmax(blocks)
-                snapped = self._snap_table[torch.where(least == most, most, 0)]
+                row_blocks = torch.where(least == most, most, 0).view(1)  # 0: unequal rows, no snap
+                snapped = torch.index_select(self._snap_table, 0, row_blocks)  # no host sync
                 per = torch.where(snapped > 0, snapped, per)
             self.blocks_per_program.copy_(per)
         total = self.cum_blocks[-1:]
