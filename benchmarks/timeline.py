@@ -13,11 +13,14 @@ overlapped, as programmatic dependent launches may). ``--tree DIR`` (cutlass): t
 another source tree too, swapped as ``ab_trees.py`` does (its cubins built with ``ab_build.sh``).
 ``--split`` (repeatable): the plan's ``kv_len_per_split`` in tokens, or ``Nrow`` for N times the shape's
 sequence length (pieces that never cut a row of a full-length batch); default: the backend's choice.
+``--segment-cost`` (repeatable): the schedule's cost of a segment start in tokens (the backend module's
+``SEGMENT_COST_TOKENS``), each value timed in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import tempfile
@@ -89,6 +92,14 @@ def split_tokens(split: str | None, seq_len: int) -> int | None:
     return int(split[:-3]) * seq_len if split.endswith("row") else int(split)
 
 
+def set_segment_cost(backend: str, tokens: int) -> None:
+    """The schedule's segment cost of ``backend``'s plans made from now on (its module constants)."""
+    module = importlib.import_module(f"tilegym.ops.{backend}.mla_decoding_split_kv")
+    for name in ("SEGMENT_COST_TOKENS", "FP8_SEGMENT_COST_TOKENS"):
+        if hasattr(module, name):
+            setattr(module, name, tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cutlass")
@@ -101,6 +112,7 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], help="cutlass: another source tree's kernel")
     ap.add_argument("--split", action="append", default=[], help="kv_len_per_split: tokens, or Nrow")
     ap.add_argument("--combine-rows", type=int, help="cutlass: most query rows per combine CTA")
+    ap.add_argument("--segment-cost", type=int, action="append", default=[], help="segment start, tokens")
     a = ap.parse_args()
     dev = torch.device("cuda")
     kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
@@ -128,16 +140,20 @@ def main() -> None:
                 if tree is not None:
                     ab_trees.use_tree(tree)
                 for split in a.split or [None]:
-                    tokens = split_tokens(split, shape.seq_len)
-                    label = f"{shape.label} [{tree or a.backend}{'' if split is None else f', split {tokens}'}]"
-                    try:
-                        plan = bench.make_plan(a.backend, data, tokens)
-                    except Exception as exc:  # a shape this backend does not serve
-                        print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
-                        continue
-                    sets = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
-                    calls = [sets[i % len(sets)] for i in range(a.calls)]
-                    print(f"{label}: {timeline(calls, a.rounds)}", flush=True)
+                    for cost in a.segment_cost or [None]:
+                        tokens = split_tokens(split, shape.seq_len)
+                        label = f"{shape.label} [{tree or a.backend}{'' if split is None else f', split {tokens}'}"
+                        label += "]" if cost is None else f", segment cost {cost}]"
+                        if cost is not None:
+                            set_segment_cost(a.backend, cost)
+                        try:
+                            plan = bench.make_plan(a.backend, data, tokens)
+                        except Exception as exc:  # a shape this backend does not serve
+                            print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
+                            continue
+                        sets = [bench.planned_call(plan, data, i) for i in range(len(data.sets))]
+                        calls = [sets[i % len(sets)] for i in range(a.calls)]
+                        print(f"{label}: {timeline(calls, a.rounds)}", flush=True)
             del data
             torch.cuda.empty_cache()
 

@@ -19,18 +19,39 @@ from tilegym.utils import cdiv
 
 
 def build(
-    lens: list[int], seq_len: int, *, programs: int, block_n: int = 16, fixed: int | None = None, snap: float = 0.0
+    lens: list[int],
+    seq_len: int,
+    *,
+    programs: int,
+    block_n: int = 16,
+    fixed: int | None = None,
+    snap: float = 0.0,
+    segment_cost: int = 0,
+    min_blocks: int | None = None,
 ):
     x = make_mla_inputs(len(lens), 16, seq_len, 32, 16, dtype=torch.float16, kv_lens=lens)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens)
-    min_blocks = fixed or 1
-    return SplitSchedule(call, ScheduleShape(len(lens), block_n, programs, min_blocks, fixed, snap))
+    least = min_blocks or fixed or 1
+    return SplitSchedule(call, ScheduleShape(len(lens), block_n, programs, least, fixed, snap, segment_cost))
+
+
+def piece_sizes(schedule: SplitSchedule) -> list[int]:
+    bounds = schedule.piece_bounds.tolist()
+    assert bounds == sorted(bounds) and bounds[0] == 0
+    return [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+
+
+def longest_piece(schedule: SplitSchedule) -> int:
+    return max(piece_sizes(schedule))
 
 
 def check_cover(schedule: SplitSchedule, lens: list[int], block_n: int) -> list[tuple[int, int, int, int]]:
-    """Segments tile each row's blocks exactly once, in order, in consecutive slots."""
+    """Segments tile each row's blocks exactly once, in order, in the consecutive slots the combine
+    reads (row_pieces), and every block of the line is in some piece."""
     segments = segments_on_host(schedule)
-    per = int(schedule.blocks_per_program)
+    per = longest_piece(schedule)
+    assert schedule.piece_bounds[-1].item() == sum(cdiv(n, block_n) for n in lens)
+    first_piece, last_piece = schedule.row_pieces.tolist()
     assert schedule.lens.tolist() == lens
     for b, n in enumerate(lens):
         mine = [(slot, lo, hi) for slot, row, lo, hi in segments if row == b]
@@ -38,7 +59,7 @@ def check_cover(schedule: SplitSchedule, lens: list[int], block_n: int) -> list[
         covered = [i for _, lo, hi in mine for i in range(lo, hi)]
         assert covered == list(range(blocks)), (b, mine)
         slots = [slot for slot, _, _ in mine]
-        assert slots == list(range(slots[0], slots[0] + len(slots))) if slots else True
+        assert slots == list(range(first_piece[b] + b, last_piece[b] + b + 1)), (b, slots)
         assert all(hi - lo <= per for _, lo, hi in mine)
     assert len({slot for slot, *_ in segments}) == len(segments)
     assert max((slot for slot, *_ in segments), default=0) < schedule.shape.slots
@@ -55,12 +76,56 @@ def test_random_lengths_are_covered_and_balanced(seed: int) -> None:
     schedule = build(lens, seq_len, programs=programs)
     segments = check_cover(schedule, lens, 16)
     total = sum(cdiv(n, 16) for n in lens)
-    per = int(schedule.blocks_per_program)
-    assert per == max(1, cdiv(total, programs))
+    per = max(1, cdiv(total, programs))
+    assert piece_sizes(schedule) == [max(0, min(per, total - p * per)) for p in range(programs)]
     load = {}
     for slot, row, lo, hi in segments:
         load[slot - row] = load.get(slot - row, 0) + hi - lo
     assert all(work <= per for work in load.values())  # no piece does more than its share
+
+
+def piece_costs(segments: list[tuple[int, int, int, int]], segment_cost: int) -> dict[int, int]:
+    """Each piece's blocks plus ``segment_cost`` per segment: what a schedule with that cost balances."""
+    costs: dict[int, int] = {}
+    for slot, row, lo, hi in segments:
+        costs[slot - row] = costs.get(slot - row, 0) + hi - lo + segment_cost
+    return costs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_segment_cost_balances_blocks_plus_starts(seed: int) -> None:
+    g = torch.Generator().manual_seed(100 + seed)
+    batch = int(torch.randint(1, 60, (1,), generator=g))
+    seq_len = int(torch.randint(40, 2000, (1,), generator=g))
+    lens = torch.randint(0, seq_len + 1, (batch,), generator=g).tolist()
+    lens[0], lens[-1] = seq_len, 1  # unequal rows (equal ones keep equal blocks)
+    programs = int(torch.randint(1, 70, (1,), generator=g))
+    cost = int(torch.randint(1, 8, (1,), generator=g))
+    min_blocks = int(torch.randint(1, 4, (1,), generator=g))
+    schedule = build(lens, seq_len, programs=programs, segment_cost=cost, min_blocks=min_blocks)
+    segments = check_cover(schedule, lens, 16)
+    units = sum(cdiv(n, 16) + cost for n in lens if n > 0)
+    per = max(cdiv(units, programs), min_blocks + cost)
+    # A piece's units hold its blocks and the starts of the rows that begin in it; its own first
+    # segment may start inside a row, which it pays for without units: at most one cost more.
+    assert max(piece_costs(segments, cost).values(), default=0) <= per + cost
+
+
+def test_a_segment_cost_leaves_equal_rows_in_equal_blocks() -> None:
+    """64 equal rows halved by 128 pieces: counting a start per row would shorten every piece that
+    begins a row and lengthen the one after it; equal rows keep equal blocks (one start per piece)."""
+    lens = [64 * 16] * 64
+    assert build(lens, 64 * 16, programs=128, segment_cost=4).piece_bounds.tolist() == list(range(0, 4097, 32))
+
+
+def test_a_segment_cost_ends_pieces_at_row_ends_when_that_is_cheaper() -> None:
+    """Rows of 1, 2 and 6 blocks in 2 pieces, with starts of 3 blocks: equal blocks (5 | 4) leave piece 0
+    three segments (cost 5 + 9 = 14); equal units (9 | 9) cut at row 2's start: 3 + 6 and 6 + 3."""
+    lens = [16, 32, 96]
+    assert build(lens, 96, programs=2).piece_bounds.tolist() == [0, 5, 9]
+    weighed = build(lens, 96, programs=2, segment_cost=3)
+    assert weighed.piece_bounds.tolist() == [0, 3, 9]
+    assert piece_costs(check_cover(weighed, lens, 16), 3) == {0: 9, 1: 9}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +142,7 @@ def test_random_lengths_are_covered_and_balanced(seed: int) -> None:
 def test_snap_keeps_rows_whole_when_it_costs_little(batch, row_blocks, programs, snap, per) -> None:
     lens = [row_blocks * 16] * batch
     schedule = build(lens, row_blocks * 16, programs=programs, snap=snap)
-    assert int(schedule.blocks_per_program) == per
+    assert longest_piece(schedule) == per
     segments = check_cover(schedule, lens, 16)
     balanced = cdiv(batch * row_blocks, programs)
     if per != balanced:  # snapped: every row in one segment, or in equal ones
@@ -108,7 +173,8 @@ def test_snap_leaves_unequal_rows_balanced(seed: int) -> None:
     lens[1] = 1
     schedule = build(lens, 400, programs=int(torch.randint(1, 50, (1,), generator=g)), snap=0.5)
     programs = schedule.shape.programs
-    assert int(schedule.blocks_per_program) == max(1, cdiv(sum(cdiv(n, 16) for n in lens), programs))
+    total = sum(cdiv(n, 16) for n in lens)
+    assert longest_piece(schedule) == min(total, max(1, cdiv(total, programs)))
     check_cover(schedule, lens, 16)
 
 
@@ -124,7 +190,7 @@ def test_a_fixed_split_length_cuts_every_row_alike() -> None:
     shape = schedule_shape(call, block_n=16, programs_per_sm=1, head_groups=1)
     assert shape.fixed_blocks == 3 and shape.programs == cdiv(3 * cdiv(100, 16), 3)
     schedule = SplitSchedule(call, shape)
-    assert int(schedule.blocks_per_program) == 3
+    assert piece_sizes(schedule) == [3] * 4 + [0] * (shape.programs - 4)  # 7 + 1 + 4 blocks
     check_cover(schedule, [100, 5, 64], 16)
 
 

@@ -120,6 +120,27 @@ def test_gpu_tile_sizes(block_h, block_n):
     assert_matches_oracle(inputs, out, lse)
 
 
+def test_a_segment_cost_moves_the_cuts_and_keeps_the_result(monkeypatch):
+    """Pieces balanced in blocks plus segment starts (schedule.py, segment_cost): other cuts, some rows
+    still split over several pieces, and the combine reads each row's slots from row_pieces."""
+    from tilegym.ops.contract import validate_mla_decoding
+    from tilegym.ops.triton import mla_decoding_split_kv as triton_mla
+
+    lens = [300, 17, 1, 0, 250, 90, 160]
+    inputs = make_mla_inputs(7, 16, 300, 64, 16, dtype=torch.float16, kv_lens=lens, device=DEVICE)
+    config = triton_mla.KernelConfig(16, 16, num_warps=4, num_stages=2, programs_per_sm=3, min_blocks=1)
+    call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens)
+    equal_blocks = triton_mla.TritonDecodePlan(call, config).schedule
+    monkeypatch.setattr(triton_mla, "SEGMENT_COST_TOKENS", 64)
+    weighed = triton_mla.TritonDecodePlan(call, config).schedule
+    assert weighed.shape.segment_cost == 4
+    assert weighed.piece_bounds.tolist() != equal_blocks.piece_bounds.tolist()
+    first, last = weighed.row_pieces.tolist()
+    assert any(b - a >= 1 for a, b in zip(first, last, strict=True)), "some row is split"
+    out, lse = run_with_config(inputs, config)
+    assert_matches_oracle(inputs, out, lse)
+
+
 def test_separate_kv_and_kpe_storage():
     inputs = make_mla_inputs(2, 16, 150, 64, 16, dtype=torch.float16, device=DEVICE)
     kv, kpe = inputs.kv.contiguous(), inputs.kpe.contiguous()

@@ -2,30 +2,40 @@
 
 Work is counted in blocks of ``block_n`` tokens. Row b has ``blocks[b] = cdiv(len[b], block_n)``
 blocks; laid end to end, the rows' blocks form one line of ``total`` blocks. The line is cut
-into ``programs`` equal pieces of ``per = cdiv(total, programs)`` blocks (at least
-``min_blocks``), so every piece costs the same whatever the lengths. One program (a
-persistent CTA: ``programs`` is one wave) computes one piece, walking the rows it meets,
+into ``programs`` pieces at ``piece_bounds`` (piece p covers blocks ``[bounds[p], bounds[p + 1])``),
+one program (a persistent CTA: ``programs`` is one wave) per piece, walking the rows it meets,
 ``first_row[p]`` to ``last_row[p]``; where piece p meets row b, that overlap is a *segment*.
+
+Pieces are balanced in cost, not only in blocks. Each segment costs a program a fixed start (its
+queries staged, its pipeline filled and drained, its partial written) on top of its blocks; a plan
+states that start as ``segment_cost`` blocks. The line is then counted in units: every non-empty
+row is ``segment_cost`` units of start followed by its blocks, and the pieces are equal in units
+(``per = cdiv(total units, programs)``, at least ``min_blocks + segment_cost``). A cut that falls in
+a row's start units moves to the row's beginning, so a piece that would take a few blocks of the
+next row ends at a row end instead. Rows of equal length keep pieces of equal blocks: there every
+piece already pays about one start, and units would count starts that fall on piece boundaries.
+With ``segment_cost = 0`` the pieces are equal in blocks.
 
 A plan may allow ``snap``: when every row has the same ``L`` blocks, a piece size that holds whole
 rows (``m * L``, the smallest at least ``per``) or, for ``k = L // per``, cuts each row into k equal
-segments (``L / k``, when k divides L) is used instead, if it is at most ``1 + snap`` times ``per``.
-No piece then meets a row part-way: with whole rows there are no partials for the combine and no
-second query staging inside a piece. Where the split kernel is compute-bound (many query rows per
-block) that pays for a few percent more blocks in the longest piece. The sizes for every possible
-``L`` are tabled when the schedule is built, so a refresh looks its rows' length up (a few device
-ops, capturable) instead of computing the rule.
+segments (``L / k``, when k divides L) is used instead, if it is at most ``1 + snap`` times the
+balanced block count. No piece then meets a row part-way: with whole rows there are no partials for
+the combine and no second query staging inside a piece. Where the split kernel is compute-bound
+(many query rows per block) that pays for a few percent more blocks in the longest piece. The sizes
+for every possible ``L`` are tabled when the schedule is built, so a refresh looks its rows' length
+up (a few device ops, capturable) instead of computing the rule.
 
-Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never
-covers an earlier row) and at most ``programs + batch - 2``; the slots of row b are the
-consecutive range ``[cum[b] // per + b, (cum[b + 1] - 1) // per + b]``. A row covered by a
-single segment is written straight to the output; the combine merges the others and writes
-zeros / lse -inf for empty rows.
+Segment (p, b) is stored in work slot ``p + b``, which is unique (a later piece never covers an
+earlier row) and at most ``programs + batch - 2``; the pieces that meet row b are the consecutive
+range ``row_pieces[0][b] .. row_pieces[1][b]`` (last < first for an empty row), so its slots are
+those plus b. A row covered by a single segment is written straight to the output; the combine
+merges the others and writes zeros / lse -inf for empty rows.
 
 Everything is built with torch ops on the device from ``kv_lens``: no host synchronisation,
 capturable in a CUDA graph, and ``refresh`` recomputes it in place (same buffers) when the
-lengths change. The kernels read ``lens``, ``cum_blocks``, ``blocks_per_program`` and
-``piece_rows`` ([2, programs]: first and last row of each piece; last < first when empty).
+lengths change. The split kernels read ``lens``, ``cum_blocks``, ``piece_bounds`` and
+``piece_rows`` ([2, programs]: first and last row of each piece; last < first when empty); the
+combines read ``row_pieces``.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class ScheduleShape:
     min_blocks: int  # fewest blocks per piece
     fixed_blocks: int | None  # blocks per piece when the caller fixes kv_len_per_split
     snap: float = 0.0  # how much longer a piece may get so that no piece cuts a row (0: never)
+    segment_cost: int = 0  # a segment's fixed start, in blocks: pieces are balanced in blocks + starts
 
     @property
     def slots(self) -> int:
@@ -82,11 +93,14 @@ def schedule_shape(
     head_groups: int,
     min_blocks: int = 1,
     snap: float = 0.0,
+    segment_cost_tokens: int = 0,
 ) -> ScheduleShape:
-    """The schedule sizes for ``call``: balanced pieces, or fixed ones of ``call.kv_len_per_split``."""
+    """The schedule sizes for ``call``: balanced pieces, or fixed ones of ``call.kv_len_per_split``.
+    ``segment_cost_tokens``: a segment's fixed start as the tokens a program streams in that time."""
     if call.kv_len_per_split is None:
         programs = default_programs(call, programs_per_sm, head_groups)
-        return ScheduleShape(call.batch, block_n, programs, min_blocks, None, snap)
+        cost = round(segment_cost_tokens / block_n)
+        return ScheduleShape(call.batch, block_n, programs, min_blocks, None, snap, cost)
     fixed = cdiv(call.kv_len_per_split, block_n)
     return ScheduleShape(call.batch, block_n, max(1, cdiv(most_blocks(call, block_n), fixed)), fixed, fixed)
 
@@ -140,9 +154,10 @@ class SplitSchedule:
         device = call.device
         self.lens = torch.empty(shape.batch, dtype=torch.int32, device=device)
         self.cum_blocks = torch.zeros(shape.batch + 1, dtype=torch.int32, device=device)
-        self.blocks_per_program = torch.empty(1, dtype=torch.int32, device=device)
+        self.piece_bounds = torch.empty(shape.programs + 1, dtype=torch.int32, device=device)
         self.piece_rows = torch.empty((2, shape.programs), dtype=torch.int32, device=device)
-        self._piece_ids = torch.arange(shape.programs, dtype=torch.int32, device=device)
+        self.row_pieces = torch.empty((2, shape.batch), dtype=torch.int32, device=device)
+        self._cuts = torch.arange(shape.programs + 1, dtype=torch.int64, device=device)
         self._snap_table = None
         if shape.snap > 0 and shape.fixed_blocks is None:
             self._snap_table = snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
@@ -160,25 +175,56 @@ class SplitSchedule:
             torch.minimum(call.kv_lens.clamp(min=0), capacity, out=self.lens)
         blocks = torch.div(self.lens + (shape.block_n - 1), shape.block_n, rounding_mode="floor")
         torch.cumsum(blocks, 0, dtype=torch.int32, out=self.cum_blocks[1:])
+        cum = self.cum_blocks.long()
+        total = cum[-1:]
         if shape.fixed_blocks is not None:
-            self.blocks_per_program.fill_(shape.fixed_blocks)
+            bounds = self._cuts * shape.fixed_blocks
         else:
-            per = torch.div(self.cum_blocks[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
-            per = per.clamp(min=shape.min_blocks)
-            if self._snap_table is not None:  # rows all of L blocks: the table's size for L, if any
+            per = torch.div(total + (shape.programs - 1), shape.programs, rounding_mode="floor")
+            bounds = self._cuts * per.clamp(min=shape.min_blocks)
+            if shape.segment_cost > 0 or self._snap_table is not None:
                 least, most = torch.aminmax(blocks)
-                row_blocks = torch.where(least == most, most, 0).view(1)  # 0: unequal rows, no snap
-                snapped = torch.index_select(self._snap_table, 0, row_blocks)  # no host sync
-                per = torch.where(snapped > 0, snapped, per)
-            self.blocks_per_program.copy_(per)
-        total = self.cum_blocks[-1:]
-        starts = self._piece_ids * self.blocks_per_program
-        ends = torch.minimum(starts + self.blocks_per_program, total)
-        first = torch.searchsorted(self.cum_blocks, starts, right=True, out_int32=True) - 1
-        last = torch.searchsorted(self.cum_blocks, ends - 1, right=True, out_int32=True) - 1
+                equal_rows = least == most
+            if shape.segment_cost > 0:  # equal rows: equal blocks already cost each piece alike
+                bounds = torch.where(equal_rows, bounds, self._equal_cost_bounds(blocks, cum))
+            if self._snap_table is not None:  # rows all of L blocks: the table's size for L, if any
+                row_blocks = torch.where(equal_rows, most, 0).view(1)  # 0: unequal rows, no snap
+                snapped = torch.index_select(self._snap_table, 0, row_blocks).long()  # no host sync
+                bounds = torch.where(snapped > 0, self._cuts * snapped, bounds)
+        torch.minimum(bounds, total, out=self.piece_bounds)
+        self._rows_of_pieces(cum)
+
+    def _equal_cost_bounds(self, blocks: torch.Tensor, cum: torch.Tensor) -> torch.Tensor:
+        """Cuts of equal units (``segment_cost`` per non-empty row, then its blocks), as blocks. A cut
+        that falls in a row's start units moves to the row's first block."""
+        shape = self.shape
+        cost = shape.segment_cost
+        starts = torch.zeros_like(cum)
+        torch.cumsum((blocks > 0).long() * cost, 0, out=starts[1:])
+        units = cum + starts  # where each row's start units begin; units[-1] is the line's length
+        per = torch.div(units[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
+        cuts = torch.minimum(self._cuts * per.clamp(min=shape.min_blocks + cost), units[-1:])
+        row = (torch.searchsorted(units, cuts, right=True) - 1).clamp(0, shape.batch - 1)
+        row_blocks = blocks.long()[row]
+        into_row = cuts - units[row] - torch.where(row_blocks > 0, cost, 0)
+        return cum[row] + torch.minimum(into_row.clamp(min=0), row_blocks)
+
+    def _rows_of_pieces(self, cum: torch.Tensor) -> None:
+        """``piece_rows`` (the rows each piece meets) and ``row_pieces`` (the pieces each row meets)."""
+        shape = self.shape
+        bounds = self.piece_bounds.long()
+        starts, ends = bounds[:-1], bounds[1:]
+        first = torch.searchsorted(cum, starts, right=True, out_int32=True) - 1
+        last = torch.searchsorted(cum, ends - 1, right=True, out_int32=True) - 1
         torch.clamp(first, 0, shape.batch - 1, out=self.piece_rows[0])
-        empty = starts >= total
+        empty = starts >= ends
         torch.where(empty, self.piece_rows[0] - 1, last.clamp(0, shape.batch - 1), out=self.piece_rows[1])
+        # The piece holding a row's first block / last block; an empty row gets last = first - 1.
+        first_piece = torch.searchsorted(bounds, cum[:-1], right=True, out_int32=True) - 1
+        last_piece = torch.searchsorted(bounds, cum[1:] - 1, right=True, out_int32=True) - 1
+        torch.clamp(first_piece, 0, shape.programs - 1, out=self.row_pieces[0])
+        row_empty = cum[1:] <= cum[:-1]
+        torch.where(row_empty, self.row_pieces[0] - 1, last_piece.clamp(0, shape.programs - 1), out=self.row_pieces[1])
 
 
 def layout_code(layout: str) -> int:
@@ -192,12 +238,12 @@ def segments_on_host(schedule: SplitSchedule) -> list[tuple[int, int, int, int]]
     Reads the schedule back to the host (a sync): for tests.
     """
     cum = schedule.cum_blocks.cpu().tolist()
-    per = int(schedule.blocks_per_program.cpu())
+    bounds = schedule.piece_bounds.cpu().tolist()
     first, last = schedule.piece_rows.cpu().tolist()
     found = []
     for piece in range(schedule.shape.programs):
         for row in range(first[piece], last[piece] + 1):
-            lo, hi = max(piece * per, cum[row]), min(piece * per + per, cum[row + 1])
+            lo, hi = max(bounds[piece], cum[row]), min(bounds[piece + 1], cum[row + 1])
             if lo < hi:
                 found.append((piece + row, row, lo - cum[row], hi - cum[row]))
     return found

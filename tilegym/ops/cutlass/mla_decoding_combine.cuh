@@ -4,8 +4,9 @@
 // warp owns columns 128 j + 4 l .. + 3 (j < 4) of the 512, so each float4 load of a warp reads 512
 // contiguous bytes. The host picks rows_per_cta (mla_decoding_split_kv.py, combine_rows_per_cta): as
 // few CTAs as fill about one wave, each paying its start, schedule reads and wait once, but at most a
-// row per warp where the grid would be larger (a warp's rows run one after another). Row b's segments sit in the consecutive work slots [cum[b] / per + b, (cum[b + 1] - 1) /
-// per + b] (tilegym/ops/schedule.py); count, the number of segments, is the CTA's. Then:
+// row per warp where the grid would be larger (a warp's rows run one after another). Row b's segments
+// sit in the consecutive work slots row_pieces[0][b] + b .. row_pieces[1][b] + b (tilegym/ops/schedule.py);
+// count, the number of segments, is the CTA's. Then:
 // - count 1: the split kernel wrote the rows; the CTA returns at once.
 // - count <= kWideRow: warp w takes the CTA's rows w, w + 4, ..., each alone.
 // - more (long rows cut into many segments, few rows): the 4 warps fold every fourth slot of one row
@@ -121,8 +122,8 @@ __device__ __forceinline__ float row_lse(float m, float total) {
 
 template <typename TOut>
 __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_decode_cute_combine_kernel(
-    const float* __restrict__ part_out, const float* __restrict__ part_lse, const int* __restrict__ cum_blocks,
-    const int* __restrict__ blocks_per_program, TOut* __restrict__ out, float* __restrict__ out_lse, int query_rows,
+    const float* __restrict__ part_out, const float* __restrict__ part_lse, const int* __restrict__ row_pieces,
+    int batch, TOut* __restrict__ out, float* __restrict__ out_lse, int query_rows,
     int write_lse, int rows_per_cta) {
   using namespace tilegym_cute_combine;
   constexpr int D = 512;
@@ -131,11 +132,8 @@ __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_dec
   const int b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   tilegym_cutlass::allow_dependent_launch();  // the next call's split kernel may be placed as SMs free up
-  const int per = blocks_per_program[0];
-  const int row_begin = cum_blocks[b];
-  const int row_end = cum_blocks[b + 1];
-  const int first = row_begin / per;
-  const int count = row_end == row_begin ? 0 : (row_end - 1) / per - first + 1;
+  const int first = row_pieces[b];
+  const int count = row_pieces[batch + b] - first + 1;  // 0: an empty row
   tilegym_cutlass::wait_for_previous_grid();  // the partials are the split kernel's output
   if (count == 1) return;                      // one segment: the split kernel wrote these rows
   const long long first_slot = (long long)first + b;

@@ -316,7 +316,7 @@ __device__ __forceinline__ float fp16_row_factor(float amax) {
 template <typename T, int kPair, int kFp8>
 __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
-    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
+    const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
@@ -360,8 +360,8 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
   // A programmatic dependent launch: what comes before overlaps the previous kernel's end, and nothing
   // a previous kernel wrote (schedule, queries, cache) is read before this wait.
   tilegym_cutlass::wait_for_previous_grid();
-  const int per = blocks_per_program[0];
-  const int start = piece * per;
+  const int start = piece_bounds[piece];
+  const int end = piece_bounds[piece + 1];
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
 
@@ -377,7 +377,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
         const int row_begin = cum_blocks[b];
         const int row_end = cum_blocks[b + 1];
         const int lo = start > row_begin ? start : row_begin;
-        const int hi = start + per < row_end ? start + per : row_end;
+        const int hi = end < row_end ? end : row_end;
         if (lo >= hi) continue;
         const int len = lens[b];
         const int* table_row = tilegym_cutlass::page_list(table, indptr, b, paged, ragged, num_indices, table_sb);
@@ -524,7 +524,7 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
     const int row_begin = cum_blocks[b];
     const int row_end = cum_blocks[b + 1];
     const int lo = start > row_begin ? start : row_begin;
-    const int hi = start + per < row_end ? start + per : row_end;
+    const int hi = end < row_end ? end : row_end;
     if (lo >= hi) continue;
     const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;

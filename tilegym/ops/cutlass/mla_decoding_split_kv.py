@@ -58,6 +58,12 @@ PAIR_GROUPS = 2
 # one row per piece (64 blocks) against 152.0 balanced (63 blocks): no partials, no second query
 # staging, no combine work; at 128 x 8192 x 128, two rows per piece (+2.8%): 548.0 against 560.4.
 PAIR_SNAP = 1 / 32
+# A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
+# CTA streams in that time: the schedule balances blocks plus starts (tilegym/ops/schedule.py,
+# segment_cost). Set from this backend's H200 sweep of mixed-length batches (benchmarks/NOTES_cutlass.md,
+# "Session 24").
+SEGMENT_COST_TOKENS = 0
+FP8_SEGMENT_COST_TOKENS = 0  # the same for the 16-row fp8 kernel
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
@@ -70,7 +76,7 @@ LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
-SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, per, piece rows
+SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, piece bounds, piece rows
 TENSOR_MAP = "const __grid_constant__ CUtensorMap"
 SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int", "const float*")
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int")
@@ -238,8 +244,8 @@ def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False) -> C
 @functools.cache
 def combine_kernel(dtype: torch.dtype) -> CudaKernel:
     """The combine kernel writing ``dtype`` output."""
-    pointers = ("const float*", "const float*", "const int*", "const int*", f"{C_TYPES[dtype]}*", "float*")
-    return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), (*pointers, "int", "int", "int"))
+    params = ("const float*", "const float*", "const int*", "int", f"{C_TYPES[dtype]}*", "float*", "int", "int", "int")
+    return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), params)
 
 
 def combine_rows_per_cta(rows: int, batch: int, sms: int) -> int:
@@ -443,6 +449,7 @@ class CutlassDecodePlan:
             head_groups=groups,
             min_blocks=self.min_blocks,
             snap=PAIR_SNAP if groups == PAIR_GROUPS else 0.0,
+            segment_cost_tokens=self._segment_cost_tokens(),
         )
         shape = self._one_wave(shape)
         self.schedule = s = SplitSchedule(call, shape)
@@ -455,7 +462,7 @@ class CutlassDecodePlan:
             0 if call.kv_indptr is None else call.kv_indptr.data_ptr(),
             s.lens.data_ptr(),
             s.cum_blocks.data_ptr(),
-            s.blocks_per_program.data_ptr(),
+            s.piece_bounds.data_ptr(),
             s.piece_rows.data_ptr(),
         )
         self._split_sizes = (
@@ -477,7 +484,7 @@ class CutlassDecodePlan:
             call.sm_scale * LOG2E,
         )
         self._workspace = (self.part_out.data_ptr(), self.part_lse.data_ptr())
-        self._combine_schedule = (*self._workspace, s.cum_blocks.data_ptr(), s.blocks_per_program.data_ptr())
+        self._combine_schedule = (*self._workspace, s.row_pieces.data_ptr(), call.batch)
         per_cta = combine_rows_per_cta(rows, call.batch, multiprocessor_count(call.device))
         self._combine_sizes = (rows, int(call.return_lse), per_cta)
         grid = (shape.programs, groups, 1)
@@ -511,6 +518,9 @@ class CutlassDecodePlan:
 
     def _shared_bytes(self) -> int:
         return SHARED_BYTES
+
+    def _segment_cost_tokens(self) -> int:
+        return SEGMENT_COST_TOKENS
 
     def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return ()  # the TMA maps address the cache
@@ -605,6 +615,9 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     def _shared_bytes(self) -> int:
         return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype)
+
+    def _segment_cost_tokens(self) -> int:
+        return FP8_SEGMENT_COST_TOKENS
 
     def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return ()  # among the cache pointers

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     const T* __restrict__ q, const T* __restrict__ qpe, const float* __restrict__ tensor_scale,
     const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
-    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
+    const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
@@ -357,8 +357,8 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   __syncthreads();
   // A programmatic dependent launch: nothing a previous kernel wrote is read before this wait.
   tilegym_cutlass::wait_for_previous_grid();
-  const int per = blocks_per_program[0];
-  const int start = piece * per;
+  const int start = piece_bounds[piece];
+  const int end = piece_bounds[piece + 1];
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
   // kPerTensor: the cache value is kv * kv_scale (one float32 on the device).
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   // Blocks of the piece in order, n = 0, 1, ...: block start + n of the flattened schedule, whatever its
   // row. A cursor over the rows that only moves forward finds the row of the block to issue (each
   // issuing warp keeps its own).
-  const int piece_blocks = max(min(start + per, cum_blocks[last_row + 1]) - start, 0);
+  const int piece_blocks = max(min(end, cum_blocks[last_row + 1]) - start, 0);
   struct RowCursor {
     int row, begin, end, len;
     const int* pages;
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
     const int lo = start > row_begin ? start : row_begin;
-    const int hi = start + per < row_end ? start + per : row_end;
+    const int hi = end < row_end ? end : row_end;
     if (lo >= hi) continue;
     const bool whole = lo == row_begin && hi == row_end;
     const long long slot = piece + b;

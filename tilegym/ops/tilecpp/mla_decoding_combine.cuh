@@ -1,7 +1,7 @@
 // Combine of the split schedule's partials (second stage of mla_decoding_split_kv.cuh).
 //
 // One program = (BLOCK_D columns, BLOCK_R query rows, batch row b). Row b's segments sit in the
-// consecutive work slots [cum[b] / per + b, (cum[b + 1] - 1) / per + b] (tilegym/ops/schedule.py).
+// consecutive work slots row_pieces[0][b] + b .. row_pieces[1][b] + b (tilegym/ops/schedule.py).
 // A row with one segment was written by the split kernel: the program returns at once. A row with
 // none (length 0) gets zeros and lse -inf. Otherwise a runtime loop walks the row's slots BLOCK_S
 // at a time with a [BLOCK_R, BLOCK_S, BLOCK_D] tile of partials and a [BLOCK_R, BLOCK_S] tile of
@@ -28,22 +28,17 @@ struct RowSegments {
   int count;
 };
 
-__tile__ inline RowSegments row_segments(const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program,
-                                         int b) {
-  const int per = blocks_per_program[0];
-  const int row_begin = cum_blocks[b];
-  const int row_end = cum_blocks[b + 1];
-  const int first = row_begin / per;
-  const int count = row_end == row_begin ? 0 : (row_end - 1) / per - first + 1;
-  return {(long long)first + b, count};
+__tile__ inline RowSegments row_segments(const int* __restrict__ row_pieces, int batch, int b) {
+  const int first = row_pieces[b];
+  return {(long long)first + b, row_pieces[batch + b] - first + 1};
 }
 
 }  // namespace tilegym
 
 template <typename TOut, int BLOCK_R, int BLOCK_S, int BLOCK_D>
 __tile_global__ void mla_decode_combine_kernel(const float* __restrict__ part_out, const float* __restrict__ part_lse,
-                                               const int* __restrict__ cum_blocks,
-                                               const int* __restrict__ blocks_per_program, TOut* __restrict__ out,
+                                               const int* __restrict__ row_pieces,
+                                               int batch, TOut* __restrict__ out,
                                                float* __restrict__ out_lse, int query_rows, int head_dim,
                                                int write_lse) {
   namespace ct = cuda::tiles;
@@ -57,7 +52,7 @@ __tile_global__ void mla_decode_combine_kernel(const float* __restrict__ part_ou
   const int d0 = ct::bid().x * BLOCK_D;
   const int r0 = ct::bid().y * BLOCK_R;
   const int b = ct::bid().z;
-  const auto [first_slot, count] = tilegym::row_segments(cum_blocks, blocks_per_program, b);
+  const auto [first_slot, count] = tilegym::row_segments(row_pieces, batch, b);
   if (count == 1) {
     return;  // one segment: the split kernel wrote this row
   }
@@ -96,8 +91,8 @@ __tile_global__ void mla_decode_combine_kernel(const float* __restrict__ part_ou
 template <typename TOut, int BLOCK_R, int BLOCK_D>
 __tile_global__ void mla_decode_combine_rows_kernel(const float* __restrict__ part_out,
                                                     const float* __restrict__ part_lse,
-                                                    const int* __restrict__ cum_blocks,
-                                                    const int* __restrict__ blocks_per_program, TOut* __restrict__ out,
+                                                    const int* __restrict__ row_pieces,
+                                                    int batch, TOut* __restrict__ out,
                                                     float* __restrict__ out_lse, int query_rows, int head_dim,
                                                     int write_lse) {
   namespace ct = cuda::tiles;
@@ -110,7 +105,7 @@ __tile_global__ void mla_decode_combine_rows_kernel(const float* __restrict__ pa
   const int d0 = ct::bid().x * BLOCK_D;
   const int r0 = ct::bid().y * BLOCK_R;
   const int b = ct::bid().z;
-  const auto [first_slot, count] = tilegym::row_segments(cum_blocks, blocks_per_program, b);
+  const auto [first_slot, count] = tilegym::row_segments(row_pieces, batch, b);
   if (count == 1) {
     return;  // one segment: the split kernel wrote this row
   }

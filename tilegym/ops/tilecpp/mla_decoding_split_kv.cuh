@@ -93,7 +93,7 @@ template <typename T, typename KV, typename M, int BLOCK_H, int BLOCK_N, int OCC
 __tile_global__ void mla_decode_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const KV* __restrict__ kv, const KV* __restrict__ kpe,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
-    const int* __restrict__ cum_blocks, const int* __restrict__ blocks_per_program, const int* __restrict__ piece_rows,
+    const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     const float* __restrict__ kv_scale,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
     int heads, int q_len, int query_rows, int causal, int write_lse, int page_size, int num_pages, int num_indices,
@@ -142,8 +142,8 @@ __tile_global__ void mla_decode_split_kernel(
 
   const int piece = ct::bid().x;
   const int r0 = ct::bid().y * BLOCK_H;
-  const int per = blocks_per_program[0];
-  const int start = piece * per;
+  const int start = piece_bounds[piece];
+  const int end = piece_bounds[piece + 1];
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
 
@@ -160,7 +160,7 @@ __tile_global__ void mla_decode_split_kernel(
     const int row_begin = cum_blocks[b];
     const int row_end = cum_blocks[b + 1];
     const int lo = start > row_begin ? start : row_begin;
-    const int hi = start + per < row_end ? start + per : row_end;
+    const int hi = end < row_end ? end : row_end;
     if (lo < hi) {
       const bool whole = lo == row_begin && hi == row_end;
       const int slot = piece + b;

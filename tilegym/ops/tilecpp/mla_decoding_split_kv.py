@@ -43,6 +43,9 @@ KV_C_TYPES = {**C_TYPES, FP8_KV: "__nv_fp8_e4m3"}
 FP8_MMA_DTYPE = torch.float16
 MAX_INT32 = 2**31 - 1
 MAX_GRID_YZ = 65535
+# A segment's fixed start (query staged, pipeline refilled, partial written) as the tokens a program
+# streams in that time: the schedule balances blocks plus starts (tilegym/ops/schedule.py). 0: equal blocks.
+SEGMENT_COST_TOKENS = 0
 # Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
 LayoutKind = tuple[int, int]
 DENSE_ROWS: LayoutKind = (0, 0)
@@ -55,7 +58,7 @@ FEW_SEGMENTS_TILE = (16, 1, 64)  # built as the 2-D rows kernel (16 rows x 64 co
 MANY_SEGMENTS_TILE = (1, 16, 64)
 MANY_SEGMENTS_PER_ROW = 8
 SPLIT_PARAMS = (*("int",) * 10, *("long long",) * 11, "float")
-COMBINE_PARAMS = ("const float*", "const float*", "const int*", "const int*")
+COMBINE_PARAMS = ("const float*", "const float*", "const int*", "int")  # partials, lse, row pieces, batch
 
 
 @dataclass(frozen=True)
@@ -130,11 +133,11 @@ def split_kernel(
 @functools.cache
 def combine_kernel(out_dtype: torch.dtype, tile: tuple[int, int, int]) -> TileCppKernel:
     """The combine kernel writing ``out_dtype`` with a (rows, slots, columns) tile."""
-    pointers = (*COMBINE_PARAMS, f"{C_TYPES[out_dtype]}*", "float*", "int", "int", "int")
+    params = (*COMBINE_PARAMS, f"{C_TYPES[out_dtype]}*", "float*", "int", "int", "int")
     if tile[1] == 1:
         rows_tile = (C_TYPES[out_dtype], tile[0], tile[2])
-        return TileCppKernel(COMBINE_HEADER, COMBINE_ROWS_KERNEL, rows_tile, pointers)
-    return TileCppKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *tile), pointers)
+        return TileCppKernel(COMBINE_HEADER, COMBINE_ROWS_KERNEL, rows_tile, params)
+    return TileCppKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[out_dtype], *tile), params)
 
 
 def combine_tile(programs: int, batch: int) -> tuple[int, int, int]:
@@ -232,7 +235,12 @@ class TileCppDecodePlan:
         self.config = config = config or choose_config(call)
         head_groups = cdiv(call.query_rows, config.block_h)
         shape = schedule_shape(
-            call, block_n=config.block_n, programs_per_sm=config.occupancy, head_groups=head_groups, min_blocks=1
+            call,
+            block_n=config.block_n,
+            programs_per_sm=config.occupancy,
+            head_groups=head_groups,
+            min_blocks=1,
+            segment_cost_tokens=SEGMENT_COST_TOKENS,
         )
         self.schedule = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
@@ -251,7 +259,7 @@ class TileCppDecodePlan:
             0 if call.kv_indptr is None else call.kv_indptr.data_ptr(),
             s.lens.data_ptr(),
             s.cum_blocks.data_ptr(),
-            s.blocks_per_program.data_ptr(),
+            s.piece_bounds.data_ptr(),
             s.piece_rows.data_ptr(),
         )
         self._split_sizes = (
@@ -276,8 +284,8 @@ class TileCppDecodePlan:
         self._combine_schedule = (
             self.part_out.data_ptr(),
             self.part_lse.data_ptr(),
-            s.cum_blocks.data_ptr(),
-            s.blocks_per_program.data_ptr(),
+            s.row_pieces.data_ptr(),
+            call.batch,
         )
         self._combine_sizes = (rows, HEAD_DIM, int(call.return_lse))
         self._launch_split = self.split.bind(self.device_index, self.split_grid)

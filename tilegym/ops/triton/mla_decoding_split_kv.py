@@ -54,6 +54,9 @@ MAX_BLOCK_H = 64
 SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured faster
 FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps measured faster
 COMBINE_BLOCK_SPLITS = 16
+# A segment's fixed start (query staged, pipeline refilled, partial written) as the tokens a program
+# streams in that time: the schedule balances blocks plus starts (tilegym/ops/schedule.py). 0: equal blocks.
+SEGMENT_COST_TOKENS = 0
 KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain values (fp8 per tensor too)
 CONFIG_NAME = re.compile(r"(?:h(\d+))?n(\d+)w(\d+)s(\d+)(f?)(?:p(\d+))?")
 
@@ -226,7 +229,7 @@ def _mla_split_kernel(
     indptr_ptr,
     lens_ptr,
     cum_ptr,
-    per_ptr,
+    bounds_ptr,
     piece_rows_ptr,
     out_ptr,
     lse_ptr,
@@ -283,8 +286,8 @@ def _mla_split_kernel(
         stride_kpe_1 = stride_kpe_1 // KPE_STRIDE_MULTIPLE * KPE_STRIDE_MULTIPLE
     piece = tl.program_id(0)
     pid_h = tl.program_id(1)
-    per = tl.load(per_ptr)
-    start = piece * per
+    start = tl.load(bounds_ptr + piece)
+    end = tl.load(bounds_ptr + piece + 1)
     first_row = tl.load(piece_rows_ptr + piece)
     last_row = tl.load(piece_rows_ptr + num_pieces + piece)
 
@@ -298,7 +301,7 @@ def _mla_split_kernel(
         row_begin = tl.load(cum_ptr + b)
         row_end = tl.load(cum_ptr + b + 1)
         lo = tl.maximum(start, row_begin)
-        hi = tl.maximum(tl.minimum(start + per, row_end), lo)  # lo == hi: nothing of this row here
+        hi = tl.maximum(tl.minimum(end, row_end), lo)  # lo == hi: nothing of this row here
         # Row b's blocks [lo, hi) (step-wide numbering) give the final output when they are the
         # whole row, else a float32 partial and lse in work slot piece + b. No branches: without
         # work the KV loop runs zero times and the stores are masked off, which keeps the KV loop
@@ -853,10 +856,10 @@ def _queries_to_fp16(q, qpe):
 def _mla_combine_kernel(
     part_out_ptr,
     part_lse_ptr,
-    cum_ptr,
-    per_ptr,
+    row_pieces_ptr,
     out_ptr,
     lse_ptr,
+    batch,
     query_rows,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -871,13 +874,9 @@ def _mla_combine_kernel(
     pid_d = tl.program_id(1)
     b = pid // query_rows
     r = pid % query_rows
-    per = tl.load(per_ptr)
-    row_begin = tl.load(cum_ptr + b)
-    row_end = tl.load(cum_ptr + b + 1)
-    empty = row_end == row_begin
-    first = row_begin // per
-    last = (row_end - 1) // per
-    count = tl.where(empty, 0, last - first + 1)
+    first = tl.load(row_pieces_ptr + b)
+    count = tl.load(row_pieces_ptr + batch + b) - first + 1  # 0: an empty row
+    empty = count == 0
     merge = count > 1
     n_merge = tl.where(merge, count, 0)
     first_slot = (first + b).to(tl.int64)
@@ -924,6 +923,7 @@ class TritonDecodePlan:
             programs_per_sm=config.programs_per_sm,
             head_groups=head_groups,
             min_blocks=config.min_blocks,
+            segment_cost_tokens=SEGMENT_COST_TOKENS,
         )
         self.schedule = SplitSchedule(call, self.shape)
         rows, device = call.query_rows, call.device
@@ -945,7 +945,7 @@ class TritonDecodePlan:
             indptr,
             self.schedule.lens,
             self.schedule.cum_blocks,
-            self.schedule.blocks_per_program,
+            self.schedule.piece_bounds,
             self.schedule.piece_rows,
         )
         self._split_ints = (
@@ -976,7 +976,7 @@ class TritonDecodePlan:
             num_warps=4,
             num_stages=1,
         )
-        self._combine_fixed = (self.part_out, self.part_lse, self.schedule.cum_blocks, self.schedule.blocks_per_program)
+        self._combine_fixed = (self.part_out, self.part_lse, self.schedule.row_pieces)
         self._split_fixed_ptrs = tuple(t.data_ptr() for t in self._split_fixed)
         self._workspace_ptrs = (self.part_out.data_ptr(), self.part_lse.data_ptr())
         self._combine_fixed_ptrs = tuple(t.data_ptr() for t in self._combine_fixed)
@@ -1047,10 +1047,10 @@ class TritonDecodePlan:
             split.direct(
                 (*pointers, *self._split_fixed_ptrs, *out_ptrs, *self._workspace_ptrs, *self._split_ints), stream
             )
-            self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, self.call.query_rows), stream)
+            self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, self.call.batch, self.call.query_rows), stream)
             return
         split(*self.split_arguments(q, qpe, kv, kpe, scale, out, lse_arg), aligned=aligned)
-        self._combine(*self._combine_fixed, out, lse_arg, self.call.query_rows, aligned=aligned)
+        self._combine(*self._combine_fixed, out, lse_arg, self.call.batch, self.call.query_rows, aligned=aligned)
 
     def split_arguments(
         self,
