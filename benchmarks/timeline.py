@@ -14,7 +14,7 @@ another source tree too, swapped as ``ab_trees.py`` does (its cubins built with 
 ``--split`` (repeatable): the plan's ``kv_len_per_split`` in tokens, or ``Nrow`` for N times the shape's
 sequence length (pieces that never cut a row of a full-length batch); default: the backend's choice.
 ``--segment-cost`` (repeatable): the schedule's cost of a segment start in tokens (the backend module's
-``SEGMENT_COST_TOKENS``), each value timed in turn.
+``SEGMENT_COST_TOKENS`` and its variants), each value timed in turn.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def split_tokens(split: str | None, seq_len: int) -> int | None:
 def set_segment_cost(backend: str, tokens: int) -> None:
     """The schedule's segment cost of ``backend``'s plans made from now on (its module constants)."""
     module = importlib.import_module(f"tilegym.ops.{backend}.mla_decoding_split_kv")
-    for name in ("SEGMENT_COST_TOKENS", "FP8_SEGMENT_COST_TOKENS"):
+    for name in ("SEGMENT_COST_TOKENS", "PAIR_SEGMENT_COST_TOKENS", "FP8_SEGMENT_COST_TOKENS"):
         if hasattr(module, name):
             setattr(module, name, tokens)
 

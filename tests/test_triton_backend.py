@@ -130,6 +130,7 @@ def test_a_segment_cost_moves_the_cuts_and_keeps_the_result(monkeypatch):
     inputs = make_mla_inputs(7, 16, 300, 64, 16, dtype=torch.float16, kv_lens=lens, device=DEVICE)
     config = triton_mla.KernelConfig(16, 16, num_warps=4, num_stages=2, programs_per_sm=3, min_blocks=1)
     call = validate_mla_decoding(inputs.q, inputs.qpe, inputs.kv, inputs.kpe, kv_lens=inputs.kv_lens)
+    monkeypatch.setattr(triton_mla, "SEGMENT_COST_TOKENS", 0)
     equal_blocks = triton_mla.TritonDecodePlan(call, config).schedule
     monkeypatch.setattr(triton_mla, "SEGMENT_COST_TOKENS", 64)
     weighed = triton_mla.TritonDecodePlan(call, config).schedule

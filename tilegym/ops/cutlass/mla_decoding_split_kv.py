@@ -59,11 +59,15 @@ PAIR_GROUPS = 2
 # staging, no combine work; at 128 x 8192 x 128, two rows per piece (+2.8%): 548.0 against 560.4.
 PAIR_SNAP = 1 / 32
 # A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
-# CTA streams in that time: the schedule balances blocks plus starts (tilegym/ops/schedule.py,
-# segment_cost). Set from this backend's H200 sweep of mixed-length batches (benchmarks/NOTES_cutlass.md,
-# "Session 24").
-SEGMENT_COST_TOKENS = 0
-FP8_SEGMENT_COST_TOKENS = 0  # the same for the 16-row fp8 kernel
+# CTA streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
+# (tilegym/ops/schedule.py, segment_cost). From session 24's H200 sweep of the mixed-length suite
+# (profiler timeline, period per call; benchmarks/NOTES_cutlass.md, "Session 24"): a CTA alone, 0 -> 256
+# tokens: 100.1 -> 89.8 us at 64 x U[1, 8192] x 16, 52.1 -> 39.4 long-tail, 98.7 -> 90.0 at 128 x U[1, 4096]
+# x 16; a cluster pair, 0 -> 384: 195.8 -> 174.1 at 128 x U[1, 4096] x 128; the fp8 kernel, 0 -> 256:
+# 62.3 -> 57.8, 40.7 -> 33.2, 67.0 -> 58.6.
+SEGMENT_COST_TOKENS = 256
+PAIR_SEGMENT_COST_TOKENS = 384
+FP8_SEGMENT_COST_TOKENS = 256
 MAPS_KEPT = 8  # TMA map pairs a plan keeps (per cache address pair)
 MAX_TMA_STRIDE = 1 << 40  # bytes: a tensor map's strides stay below it (and are multiples of 16)
 COMBINE_THREADS = 128
@@ -520,7 +524,7 @@ class CutlassDecodePlan:
         return SHARED_BYTES
 
     def _segment_cost_tokens(self) -> int:
-        return SEGMENT_COST_TOKENS
+        return PAIR_SEGMENT_COST_TOKENS if self.groups == PAIR_GROUPS else SEGMENT_COST_TOKENS
 
     def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return ()  # the TMA maps address the cache

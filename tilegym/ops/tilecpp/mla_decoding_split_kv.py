@@ -44,8 +44,11 @@ FP8_MMA_DTYPE = torch.float16
 MAX_INT32 = 2**31 - 1
 MAX_GRID_YZ = 65535
 # A segment's fixed start (query staged, pipeline refilled, partial written) as the tokens a program
-# streams in that time: the schedule balances blocks plus starts (tilegym/ops/schedule.py). 0: equal blocks.
-SEGMENT_COST_TOKENS = 0
+# streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
+# (tilegym/ops/schedule.py). Session 24's H200 sweep of the mixed suite (timeline), 0 -> 256 tokens:
+# 81.8 -> 59.0 us at 64 x long-tail(8192) x 16, 134.2 -> 129.3 and 145.2 -> 138.5 with uniform lengths
+# at 16 heads, 408.6 -> 395.4 at 128 heads.
+SEGMENT_COST_TOKENS = 256
 # Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
 LayoutKind = tuple[int, int]
 DENSE_ROWS: LayoutKind = (0, 0)

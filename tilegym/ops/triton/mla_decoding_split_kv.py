@@ -55,8 +55,10 @@ SMALL_PROBLEM_TOKENS = 8192  # B * S at or below which 32-token steps measured f
 FEW_ROWS = 8  # batch rows (16 query rows) at or below which 128-token steps measured faster
 COMBINE_BLOCK_SPLITS = 16
 # A segment's fixed start (query staged, pipeline refilled, partial written) as the tokens a program
-# streams in that time: the schedule balances blocks plus starts (tilegym/ops/schedule.py). 0: equal blocks.
-SEGMENT_COST_TOKENS = 0
+# streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
+# (tilegym/ops/schedule.py). Session 24's H200 sweep of the mixed suite (timeline), 0 -> 128 tokens:
+# 354.7 -> 341.1 us at 128 x U[1, 4096] x 128; 16 heads within 1.5% either way.
+SEGMENT_COST_TOKENS = 128
 KV_FORMAT_CODES = {FP8_DS_MLA: 1, MXFP4: 2}  # the kernel's KV_FORMAT; 0: plain values (fp8 per tensor too)
 CONFIG_NAME = re.compile(r"(?:h(\d+))?n(\d+)w(\d+)s(\d+)(f?)(?:p(\d+))?")
 
