@@ -161,7 +161,12 @@ __tile_global__ void mla_decode_split_kernel(
     const int row_end = cum_blocks[b + 1];
     const int lo = start > row_begin ? start : row_begin;
     const int hi = end < row_end ? end : row_end;
-    if (lo < hi) {
+    // lo == hi: an empty row inside the piece. Its pass runs no step and stores nothing (no branch around
+    // the body: a piece spanning an empty row did not finish on the H200 with one, session 24).
+    const int stored_rows = lo < hi ? query_rows : 0;
+    auto store_ok = r < stored_rows;
+    auto store_ok_col = ct::reshape(store_ok, ct::shape<BLOCK_H, 1>{});
+    {
       const bool whole = lo == row_begin && hi == row_end;
       const int slot = piece + b;
       const int len = lens[b];
@@ -262,16 +267,16 @@ __tile_global__ void mla_decode_split_kernel(
       if (whole) {
         // out [B, Q, H, D] and lse [B, Q, H], contiguous: query row r of batch row b is b * query_rows + r.
         T* out_base = out + (long long)b * query_rows * D;
-        ct::store_masked(out_base + (r_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), r_ok_col);
+        ct::store_masked(out_base + (r_col * D + d_row), ct::element_cast<T>(ct::transpose(out_dh)), store_ok_col);
         if (write_lse) {
           ct::store_masked(out_lse + (long long)b * query_rows + ct::reshape(r, ct::shape<1, BLOCK_H>{}), lse,
-                           ct::reshape(r_ok, ct::shape<1, BLOCK_H>{}));
+                           ct::reshape(store_ok, ct::shape<1, BLOCK_H>{}));
         }
       } else {
         // part_out [slots, query_rows, D] and part_lse [slots, query_rows], contiguous.
         float* part_base = part_out + (long long)slot * query_rows * D;
-        ct::store_masked(part_base + (r_col * D + d_row), ct::transpose(out_dh), r_ok_col);
-        ct::store_masked(part_lse + (long long)slot * query_rows + r, ct::reshape(lse, ct::shape<BLOCK_H>{}), r_ok);
+        ct::store_masked(part_base + (r_col * D + d_row), ct::transpose(out_dh), store_ok_col);
+        ct::store_masked(part_lse + (long long)slot * query_rows + r, ct::reshape(lse, ct::shape<BLOCK_H>{}), store_ok);
       }
     }
   }
