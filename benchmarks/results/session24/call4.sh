@@ -16,7 +16,7 @@ diagnose() {
     for c in "gap16 0" "gap128 0" "parity 256"; do
         for tree in .ab/head .; do
             echo "--- $tree: $c"
-            (cd "$tree" && PYTHONPATH=. timeout 50 "$py" benchmarks/results/session24/tilecpp_case.py $c 2>&1 | grep -E "ran|Timeout|Error|piece_bounds")
+            (cd "$tree" && PYTHONPATH=. timeout 45 "$py" benchmarks/results/session24/tilecpp_case.py $c 2>&1 | grep -E "ran|Timeout|Error|piece_bounds")
         done
     done
 }
@@ -26,8 +26,8 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,clocks.current.sm --format=csv > "$OUT/0-info.log" 2>&1
     export -f diagnose
     export py
-    step 1-diagnose 200 . bash -c diagnose
-    step 2-tests 150 . "$py" -m pytest -p no:cacheprovider -m gpu -n 0 -q -k "(tilecpp or reliability or triton_backend or mxfp4) and not B8H128S8192" tests
+    step 1-diagnose 150 . bash -c diagnose
+    step 2-tests 120 . "$py" -m pytest -p no:cacheprovider -m gpu -n 0 -q -k "(tilecpp or reliability or triton_backend or mxfp4) and not B8H128S8192" tests
 }
 
 case ${1:-} in
