@@ -1,5 +1,5 @@
 """Session 24 diagnosis of a tilecpp split kernel that did not finish (call 2's GPU tests): one case at one
-segment cost, under a 40 s watchdog. Cases: `parity`, the parity test B8 H128 S8192 with kv_lens (8192, 0,
+segment cost, under a 30 s watchdog. Cases: `parity`, the parity test B8 H128 S8192 with kv_lens (8192, 0,
 1, 4095, 4096, 7000, 9000, -1), whose pieces at 256 tokens of segment cost span row 1 (empty); `gap16` /
 `gap128`, rows (700, 0, 700) at 16 / 128 heads in one fixed piece (kv_len_per_split 4096), which spans the
 empty row at any cost. Prints the schedule, then the call's error against float64.
@@ -23,7 +23,7 @@ CASES = {
     "gap128": (128, 700, (700, 0, 700), 4096),
 }
 
-faulthandler.dump_traceback_later(40, exit=True)
+faulthandler.dump_traceback_later(30, exit=True)
 heads, seq_len, lens, split = CASES[sys.argv[1]]
 tilecpp_mla.SEGMENT_COST_TOKENS = int(sys.argv[2])
 g = torch.Generator().manual_seed(0)
