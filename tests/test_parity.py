@@ -69,6 +69,7 @@ CPU_CASES = [
     Case(1, 16, 40, kv_len_per_split=1),
     Case(2, 16, 100, kv_len_per_split=4096, kv_lens=(0, 0)),
     Case(2, 24, 96, kv_lens=(96, 5)),
+    Case(3, 16, 150, kv_lens=(150, 0, 120), kv_len_per_split=4096),  # one piece spans an empty row
     Case(5, 1, 64, fp8=True, fused=False),
     # bf16 (aiter's query dtype): edge lengths, fp8, 128 heads
     Case(3, 16, 200, dtype=torch.bfloat16, kv_lens=(0, -3, 999), kv_len_per_split=64),
