@@ -146,7 +146,11 @@ def snap_table(shape: ScheduleShape, most_row_blocks: int, device: torch.device)
 
 
 class SplitSchedule:
-    """The device tensors of a schedule (int32) and the host sizes they were built for."""
+    """The device tensors of a schedule (int32) and the host sizes they were built for.
+
+    ``refresh`` is a few dozen small device ops (an eager call without a plan pays their launches on
+    the host; a captured graph, their kernels), so it works in int32 throughout and writes its
+    results with ``out=``."""
 
     def __init__(self, call: MLADecodeCall, shape: ScheduleShape) -> None:
         self.shape = shape
@@ -157,7 +161,13 @@ class SplitSchedule:
         self.piece_bounds = torch.empty(shape.programs + 1, dtype=torch.int32, device=device)
         self.piece_rows = torch.empty((2, shape.programs), dtype=torch.int32, device=device)
         self.row_pieces = torch.empty((2, shape.batch), dtype=torch.int32, device=device)
-        self._cuts = torch.arange(shape.programs + 1, dtype=torch.int64, device=device)
+        self._cuts = torch.arange(shape.programs + 1, dtype=torch.int32, device=device)
+        self._starts = torch.zeros(shape.batch + 1, dtype=torch.int32, device=device)  # non-empty rows before b
+        self._units = torch.empty(shape.batch + 1, dtype=torch.int32, device=device)
+        # Views of the buffers above, made once: a refresh rewrites the buffers in place.
+        self._row_begins, self._row_ends = self.cum_blocks[:-1], self.cum_blocks[1:]
+        self._total = self.cum_blocks[-1:]
+        self._piece_begins, self._piece_ends = self.piece_bounds[:-1], self.piece_bounds[1:]
         self._snap_table = None
         if shape.snap > 0 and shape.fixed_blocks is None:
             self._snap_table = snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
@@ -174,57 +184,54 @@ class SplitSchedule:
         else:
             torch.minimum(call.kv_lens.clamp(min=0), capacity, out=self.lens)
         blocks = torch.div(self.lens + (shape.block_n - 1), shape.block_n, rounding_mode="floor")
-        torch.cumsum(blocks, 0, dtype=torch.int32, out=self.cum_blocks[1:])
-        cum = self.cum_blocks.long()
-        total = cum[-1:]
+        torch.cumsum(blocks, 0, dtype=torch.int32, out=self._row_ends)
+        total = self._total
         if shape.fixed_blocks is not None:
             bounds = self._cuts * shape.fixed_blocks
         else:
             per = torch.div(total + (shape.programs - 1), shape.programs, rounding_mode="floor")
-            bounds = self._cuts * per.clamp(min=shape.min_blocks)
+            bounds = self._cuts * per.clamp_(min=shape.min_blocks)
             if shape.segment_cost > 0 or self._snap_table is not None:
                 least, most = torch.aminmax(blocks)
                 equal_rows = least == most
             if shape.segment_cost > 0:  # equal rows: equal blocks already cost each piece alike
-                bounds = torch.where(equal_rows, bounds, self._equal_cost_bounds(blocks, cum))
+                bounds = torch.where(equal_rows, bounds, self._equal_cost_bounds(blocks))
             if self._snap_table is not None:  # rows all of L blocks: the table's size for L, if any
                 row_blocks = torch.where(equal_rows, most, 0).view(1)  # 0: unequal rows, no snap
-                snapped = torch.index_select(self._snap_table, 0, row_blocks).long()  # no host sync
+                snapped = torch.index_select(self._snap_table, 0, row_blocks)  # no host sync
                 bounds = torch.where(snapped > 0, self._cuts * snapped, bounds)
         torch.minimum(bounds, total, out=self.piece_bounds)
-        self._rows_of_pieces(cum)
+        self._rows_of_pieces()
 
-    def _equal_cost_bounds(self, blocks: torch.Tensor, cum: torch.Tensor) -> torch.Tensor:
+    def _equal_cost_bounds(self, blocks: torch.Tensor) -> torch.Tensor:
         """Cuts of equal units (``segment_cost`` per non-empty row, then its blocks), as blocks. A cut
         that falls in a row's start units moves to the row's first block."""
-        shape = self.shape
+        shape, cum, units = self.shape, self.cum_blocks, self._units
         cost = shape.segment_cost
-        starts = torch.zeros_like(cum)
-        torch.cumsum((blocks > 0).long() * cost, 0, out=starts[1:])
-        units = cum + starts  # where each row's start units begin; units[-1] is the line's length
-        per = torch.div(units[-1:] + (shape.programs - 1), shape.programs, rounding_mode="floor")
-        cuts = torch.minimum(self._cuts * per.clamp(min=shape.min_blocks + cost), units[-1:])
-        row = (torch.searchsorted(units, cuts, right=True) - 1).clamp(0, shape.batch - 1)
-        row_blocks = blocks.long()[row]
-        into_row = cuts - units[row] - torch.where(row_blocks > 0, cost, 0)
-        return cum[row] + torch.minimum(into_row.clamp(min=0), row_blocks)
+        torch.cumsum(blocks > 0, 0, dtype=torch.int32, out=self._starts[1:])
+        torch.add(cum, self._starts, alpha=cost, out=units)  # where each row's start units begin
+        line = units[-1:]
+        per = torch.div(line + (shape.programs - 1), shape.programs, rounding_mode="floor")
+        cuts = torch.minimum(self._cuts * per.clamp_(min=shape.min_blocks + cost), line)
+        row = torch.searchsorted(units[1:-1], cuts, right=True, out_int32=True)  # the row holding each cut
+        into_row = cuts - cost - units[row]  # an empty row clamps to 0 below, as does a cut in start units
+        return cum[row] + torch.minimum(into_row.clamp_(min=0), blocks[row])
 
-    def _rows_of_pieces(self, cum: torch.Tensor) -> None:
-        """``piece_rows`` (the rows each piece meets) and ``row_pieces`` (the pieces each row meets)."""
+    def _rows_of_pieces(self) -> None:
+        """``piece_rows`` (the rows each piece meets) and ``row_pieces`` (the pieces each row meets):
+        the row holding a block is the number of row ends at or before it, and likewise for pieces."""
         shape = self.shape
-        bounds = self.piece_bounds.long()
-        starts, ends = bounds[:-1], bounds[1:]
-        first = torch.searchsorted(cum, starts, right=True, out_int32=True) - 1
-        last = torch.searchsorted(cum, ends - 1, right=True, out_int32=True) - 1
-        torch.clamp(first, 0, shape.batch - 1, out=self.piece_rows[0])
-        empty = starts >= ends
-        torch.where(empty, self.piece_rows[0] - 1, last.clamp(0, shape.batch - 1), out=self.piece_rows[1])
-        # The piece holding a row's first block / last block; an empty row gets last = first - 1.
-        first_piece = torch.searchsorted(bounds, cum[:-1], right=True, out_int32=True) - 1
-        last_piece = torch.searchsorted(bounds, cum[1:] - 1, right=True, out_int32=True) - 1
-        torch.clamp(first_piece, 0, shape.programs - 1, out=self.row_pieces[0])
-        row_empty = cum[1:] <= cum[:-1]
-        torch.where(row_empty, self.row_pieces[0] - 1, last_piece.clamp(0, shape.programs - 1), out=self.row_pieces[1])
+        row_begins, row_ends = self._row_begins, self._row_ends
+        starts, ends = self._piece_begins, self._piece_ends
+        first_row, first_piece = self.piece_rows[0], self.row_pieces[0]
+        torch.searchsorted(row_ends, starts, right=True, out_int32=True, out=first_row)
+        first_row.clamp_(max=shape.batch - 1)
+        last_row = torch.searchsorted(row_ends, ends - 1, right=True, out_int32=True)
+        torch.where(starts < ends, last_row, first_row - 1, out=self.piece_rows[1])
+        torch.searchsorted(ends, row_begins, right=True, out_int32=True, out=first_piece)
+        first_piece.clamp_(max=shape.programs - 1)
+        last_piece = torch.searchsorted(ends, row_ends - 1, right=True, out_int32=True)
+        torch.where(row_begins < row_ends, last_piece, first_piece - 1, out=self.row_pieces[1])
 
 
 def layout_code(layout: str) -> int:
