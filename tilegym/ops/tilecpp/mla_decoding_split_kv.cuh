@@ -1,7 +1,8 @@
 // MLA decoding over a split schedule: one program = (piece, query-row group), one wave in all.
 //
 // The schedule (tilegym/ops/schedule.py) cuts the step's KV blocks into pieces [piece_bounds[p],
-// piece_bounds[p + 1]), balanced in blocks plus segment starts; the program of piece p walks the rows it meets (piece_rows[0][p] .. piece_rows[1][p]) and, for each, attends
+// piece_bounds[p + 1]), balanced in blocks plus segment starts; the program of piece p walks the rows
+// it meets (piece_rows[0][p] .. piece_rows[1][p]) and, for each, attends
 // BLOCK_H query rows (new token x head pairs, r = token * heads + head) of row b to the row's KV
 // blocks [lo, hi) inside the piece, BLOCK_N tokens per step. It loads a [BLOCK_N, 512] latent tile and a
 // [BLOCK_N, 64] rope tile ONCE per step and uses them for all BLOCK_H rows: as K for the scores
