@@ -31,15 +31,18 @@ range ``row_pieces[0][b] .. row_pieces[1][b]`` (last < first for an empty row), 
 those plus b. A row covered by a single segment is written straight to the output; the combine
 merges the others and writes zeros / lse -inf for empty rows.
 
-Everything is built with torch ops on the device from ``kv_lens``: no host synchronisation,
-capturable in a CUDA graph, and ``refresh`` recomputes it in place (same buffers) when the
-lengths change. The split kernels read ``lens``, ``cum_blocks``, ``piece_bounds`` and
-``piece_rows`` ([2, programs]: first and last row of each piece; last < first when empty); the
-combines read ``row_pieces``.
+Everything is built on the device from ``kv_lens``: no host synchronisation, capturable in a CUDA
+graph, and ``refresh`` recomputes it in place (same buffers) when the lengths change. On a GPU with
+Triton installed that is one launch (``tilegym/ops/triton/schedule_kernel.py``); elsewhere, the
+torch ops below (27-50 small ones), which also define what the kernel must give. The split kernels
+read ``lens``, ``cum_blocks``, ``piece_bounds`` and ``piece_rows`` ([2, programs]: first and last row
+of each piece; last < first when empty); the combines read ``row_pieces``.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -145,12 +148,17 @@ def snap_table(shape: ScheduleShape, most_row_blocks: int, device: torch.device)
     return snapped_sizes(rows, balanced.clamp(min=shape.min_blocks), shape.snap).to(torch.int32)
 
 
+def schedule_kernel_usable(device: torch.device) -> bool:
+    """True when the one-launch schedule kernel can build schedules on ``device`` (a GPU, Triton)."""
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
 class SplitSchedule:
     """The device tensors of a schedule (int32) and the host sizes they were built for.
 
-    ``refresh`` is a few dozen small device ops (an eager call without a plan pays their launches on
-    the host; a captured graph, their kernels), so it works in int32 throughout and writes its
-    results with ``out=``."""
+    ``refresh`` runs on the host's critical path (an eager call without a plan refreshes every call;
+    a captured graph replays what it launched), so on a GPU it is one Triton launch; the torch ops
+    (``refresh_by_ops``) work in int32 throughout and write with ``out=``."""
 
     def __init__(self, call: MLADecodeCall, shape: ScheduleShape) -> None:
         self.shape = shape
@@ -171,10 +179,31 @@ class SplitSchedule:
         self._snap_table = None
         if shape.snap > 0 and shape.fixed_blocks is None:
             self._snap_table = snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
+        self._launch: Callable[[], None] | None = None
+        if schedule_kernel_usable(device):
+            self._launch = self.kernel_launch()
         self.refresh()
 
     def refresh(self) -> None:
         """Recompute every tensor in place from the call's current ``kv_lens`` (and page ranges)."""
+        if self._launch is not None:
+            self._launch()
+        else:
+            self.refresh_by_ops()
+
+    def kernel_launch(self, **outputs: torch.Tensor) -> Callable[[], None]:
+        """A launch of the schedule kernel for this schedule, writing into its own tensors or, for a
+        test, into those named in ``outputs`` (``lens``, ``cum_blocks``, ``piece_bounds``, ``piece_rows``,
+        ``row_pieces``)."""
+        from tilegym.ops.triton.schedule_kernel import schedule_launch
+
+        names = ("lens", "cum_blocks", "piece_bounds", "piece_rows", "row_pieces")
+        tensors = {name: outputs.get(name, getattr(self, name)) for name in names}
+        units = self._units if not outputs else torch.empty_like(self._units)
+        return schedule_launch(self._call, self.shape, self._snap_table, units=units, **tensors)
+
+    def refresh_by_ops(self) -> None:
+        """``refresh`` with torch ops (any device; the definition the kernel is tested against)."""
         call, shape = self._call, self.shape
         capacity = row_capacity(call)
         if call.kv_lens is None:

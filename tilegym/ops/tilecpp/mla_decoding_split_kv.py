@@ -48,7 +48,7 @@ MAX_GRID_YZ = 65535
 # (tilegym/ops/schedule.py). Session 24's H200 sweep of the mixed suite (timeline), 0 -> 256 tokens:
 # 81.8 -> 59.0 us at 64 x long-tail(8192) x 16, 134.2 -> 129.3 and 145.2 -> 138.5 with uniform lengths
 # at 16 heads, 408.6 -> 395.4 at 128 heads.
-SEGMENT_COST_TOKENS = 256
+SEGMENT_COST_TOKENS = 512
 # Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
 LayoutKind = tuple[int, int]
 DENSE_ROWS: LayoutKind = (0, 0)
