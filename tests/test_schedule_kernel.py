@@ -86,3 +86,25 @@ def test_refresh_on_the_gpu_is_the_kernel() -> None:
     schedule.refresh()
     got = {name: getattr(schedule, name).clone() for name in NAMES}
     assert_same(schedule, got, context)
+
+
+@pytest.mark.parametrize("has_lens, ragged, snap", [(True, False, False), (True, True, True), (False, False, True)])
+def test_kernel_compiles_for_a_gpu(has_lens: bool, ragged: bool, snap: bool) -> None:
+    """Triton's GPU front end accepts the kernel (the interpreter does not check what it rejects, such as
+    a global that is not a constexpr); compiled for sm_90 here, no GPU needed."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    from tilegym.ops.triton import schedule_kernel as module
+
+    kernel = module.schedule_kernel
+    if not isinstance(kernel, triton.runtime.jit.JITFunction):  # under the interpreter: its Python function
+        kernel = triton.runtime.jit.JITFunction(kernel.fn, do_not_specialize=module.SIZES)
+    pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
+    constexprs = {"HAS_LENS": has_lens, "RAGGED": ragged, "SNAP": snap, "BLOCK_B": module.BLOCK_B, "BLOCK_P": 512}
+    signature = {name: "*i32" for name in pointers}
+    signature.update({name: "i32" for name in module.SIZES})
+    signature.update({name: "constexpr" for name in constexprs})
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    assert "schedule_kernel" in compiled.asm["ptx"]

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from tilegym.ops.triton.launcher import KernelLauncher, all_aligned
 
-BIG = 2**30  # past any block count: masked-off lanes compare as "after"
+BIG = tl.constexpr(2**30)  # past any block count: masked-off lanes compare as "after"
 BLOCK_B = 32  # rows per chunk of the row walks
 NUM_WARPS = 4
 SIZES = ("batch", "programs", "seq_len", "nnz", "page_size", "block_n", "min_blocks", "cost", "fixed")
