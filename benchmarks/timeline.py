@@ -95,7 +95,12 @@ def split_tokens(split: str | None, seq_len: int) -> int | None:
 def set_segment_cost(backend: str, tokens: int) -> None:
     """The schedule's segment cost of ``backend``'s plans made from now on (its module constants)."""
     module = importlib.import_module(f"tilegym.ops.{backend}.mla_decoding_split_kv")
-    for name in ("SEGMENT_COST_TOKENS", "PAIR_SEGMENT_COST_TOKENS", "FP8_SEGMENT_COST_TOKENS"):
+    for name in (
+        "SEGMENT_COST_TOKENS",
+        "PAIR_SEGMENT_COST_TOKENS",
+        "FP8_SEGMENT_COST_TOKENS",
+        "GROUPED_SEGMENT_COST_TOKENS",
+    ):
         if hasattr(module, name):
             setattr(module, name, tokens)
 

@@ -45,10 +45,13 @@ MAX_INT32 = 2**31 - 1
 MAX_GRID_YZ = 65535
 # A segment's fixed start (query staged, pipeline refilled, partial written) as the tokens a program
 # streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
-# (tilegym/ops/schedule.py). Session 24's H200 sweep of the mixed suite (timeline), 0 -> 256 tokens:
-# 81.8 -> 59.0 us at 64 x long-tail(8192) x 16, 134.2 -> 129.3 and 145.2 -> 138.5 with uniform lengths
-# at 16 heads, 408.6 -> 395.4 at 128 heads.
-SEGMENT_COST_TOKENS = 512
+# (tilegym/ops/schedule.py). H200 sweeps of the mixed suite (profiler timeline, one round each), us per
+# call at 256 / 512 / 768 / 1024 tokens (session 25): 64 rows U[1, 8192] x 16: 136.2 / 136.3 / 112.1 /
+# 113.2; long-tail: 66.1 / 61.4 / 59.2 / 55.8; 128 rows U[1, 4096] x 16: 143.1 / 130.1 / 127.4 / 121.2;
+# at 128 heads (several head groups): 455.5 / 444.5 / 463.5 / 478.7. Session 24: 0 -> 256 took
+# 81.8 -> 59.0 us long-tail.
+SEGMENT_COST_TOKENS = 768  # one head group (up to 16 query rows)
+GROUPED_SEGMENT_COST_TOKENS = 512  # several head groups share the pieces
 # Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
 LayoutKind = tuple[int, int]
 DENSE_ROWS: LayoutKind = (0, 0)
@@ -243,7 +246,7 @@ class TileCppDecodePlan:
             programs_per_sm=config.occupancy,
             head_groups=head_groups,
             min_blocks=1,
-            segment_cost_tokens=SEGMENT_COST_TOKENS,
+            segment_cost_tokens=SEGMENT_COST_TOKENS if head_groups == 1 else GROUPED_SEGMENT_COST_TOKENS,
         )
         self.schedule = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
