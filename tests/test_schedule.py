@@ -12,6 +12,7 @@ from tilegym.ops.schedule import (
     fewest_blocks_per_piece,
     schedule_shape,
     segments_on_host,
+    snap_table,
     snapped_sizes,
 )
 from tilegym.testing import make_mla_inputs, to_pages
@@ -163,6 +164,18 @@ def test_snapped_sizes_cut_rows_evenly_and_cost_little() -> None:
                 continue
             assert per <= size <= per * (1 + snap), (n, per, snap, size)
             assert size % n == 0 or n % size == 0, (n, per, snap, size)
+
+
+def test_plans_of_one_shape_share_their_snap_table() -> None:
+    """Every layer's plan of one shape reads the same (read-only) table, built once; another shape
+    gets its own, and each equals a table built afresh."""
+    first = build([160] * 6, 160, programs=5, snap=0.3)
+    second = build([160] * 6, 160, programs=5, snap=0.3)
+    other = build([160] * 6, 160, programs=7, snap=0.3)
+    assert first._snap_table is second._snap_table
+    assert other._snap_table is not first._snap_table
+    for schedule in (first, other):
+        assert torch.equal(schedule._snap_table, snap_table(schedule.shape, 10, torch.device("cpu")))
 
 
 @pytest.mark.parametrize("seed", range(4))

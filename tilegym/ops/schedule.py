@@ -148,6 +148,25 @@ def snap_table(shape: ScheduleShape, most_row_blocks: int, device: torch.device)
     return snapped_sizes(rows, balanced.clamp(min=shape.min_blocks), shape.snap).to(torch.int32)
 
 
+SNAP_TABLES_KEPT = 16
+_snap_tables: dict[tuple, torch.Tensor] = {}
+
+
+def shared_snap_table(shape: ScheduleShape, most_row_blocks: int, device: torch.device) -> torch.Tensor:
+    """``snap_table``, built once per (shape, device) and shared by the plans made for it (every layer
+    of a step plans the same shapes; building it takes about 15 small device ops). The kernels only
+    read it. A table built during CUDA-graph capture belongs to the graph's pool, so it is not kept."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return snap_table(shape, most_row_blocks, device)
+    key = (shape.batch, shape.programs, shape.min_blocks, shape.snap, most_row_blocks, device)
+    table = _snap_tables.get(key)
+    if table is None:
+        if len(_snap_tables) >= SNAP_TABLES_KEPT:
+            _snap_tables.pop(next(iter(_snap_tables)))
+        table = _snap_tables[key] = snap_table(shape, most_row_blocks, device)
+    return table
+
+
 def schedule_kernel_usable(device: torch.device) -> bool:
     """True when the one-launch schedule kernel can build schedules on ``device`` (a GPU, Triton)."""
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None
@@ -178,7 +197,7 @@ class SplitSchedule:
         self._piece_begins, self._piece_ends = self.piece_bounds[:-1], self.piece_bounds[1:]
         self._snap_table = None
         if shape.snap > 0 and shape.fixed_blocks is None:
-            self._snap_table = snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
+            self._snap_table = shared_snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
         self._launch: Callable[[], None] | None = None
         if schedule_kernel_usable(device):
             self._launch = self.kernel_launch()

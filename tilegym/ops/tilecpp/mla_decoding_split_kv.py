@@ -45,12 +45,13 @@ MAX_INT32 = 2**31 - 1
 MAX_GRID_YZ = 65535
 # A segment's fixed start (query staged, pipeline refilled, partial written) as the tokens a program
 # streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
-# (tilegym/ops/schedule.py). H200 sweeps of the mixed suite (profiler timeline, one round each), us per
-# call at 256 / 512 / 768 / 1024 tokens (session 25): 64 rows U[1, 8192] x 16: 136.2 / 136.3 / 112.1 /
-# 113.2; long-tail: 66.1 / 61.4 / 59.2 / 55.8; 128 rows U[1, 4096] x 16: 143.1 / 130.1 / 127.4 / 121.2;
-# at 128 heads (several head groups): 455.5 / 444.5 / 463.5 / 478.7. Session 24: 0 -> 256 took
-# 81.8 -> 59.0 us long-tail.
-SEGMENT_COST_TOKENS = 768  # one head group (up to 16 query rows)
+# (tilegym/ops/schedule.py). H200 sweeps of the mixed suite (profiler timeline, session 25, two rounds
+# in opposite orders), us per call at 512 / 768 / 1024 tokens: 64 rows U[1, 8192] x 16: 136.3, 135.6 /
+# 112.1, 113.2 / 113.2, 114.9; long-tail: 61.4, 60.6 / 59.2, 58.2 / 55.8, 55.9; 128 rows U[1, 4096] x 16:
+# 130.1, 132.0 / 127.4, 128.2 / 121.2, 122.2; at 128 heads (several head groups): 444.5, 438.0 / 463.5,
+# 461.0 / 478.7, 474.1. 256 was nowhere faster than 512 (session 24 chose 256: 0 -> 256 took
+# 81.8 -> 59.0 us long-tail).
+SEGMENT_COST_TOKENS = 1024  # one head group (up to 16 query rows)
 GROUPED_SEGMENT_COST_TOKENS = 512  # several head groups share the pieces
 # Layout kinds: the kernel's (LAYOUT, PAGE_SIZE) template arguments.
 LayoutKind = tuple[int, int]
