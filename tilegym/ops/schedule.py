@@ -198,9 +198,7 @@ class SplitSchedule:
         self._snap_table = None
         if shape.snap > 0 and shape.fixed_blocks is None:
             self._snap_table = shared_snap_table(shape, cdiv(most_row_tokens(call), shape.block_n), device)
-        self._launch: Callable[[], None] | None = None
-        if schedule_kernel_usable(device):
-            self._launch = self.kernel_launch()
+        self._launch = self.kernel_launch() if schedule_kernel_usable(device) else None
         self.refresh()
 
     def refresh(self) -> None:
@@ -210,10 +208,10 @@ class SplitSchedule:
         else:
             self.refresh_by_ops()
 
-    def kernel_launch(self, **outputs: torch.Tensor) -> Callable[[], None]:
+    def kernel_launch(self, **outputs: torch.Tensor) -> Callable[[], None] | None:
         """A launch of the schedule kernel for this schedule, writing into its own tensors or, for a
         test, into those named in ``outputs`` (``lens``, ``cum_blocks``, ``piece_bounds``, ``piece_rows``,
-        ``row_pieces``)."""
+        ``row_pieces``). None when the kernel cannot be launched yet (``schedule_launch``)."""
         from tilegym.ops.triton.schedule_kernel import schedule_launch
 
         names = ("lens", "cum_blocks", "piece_bounds", "piece_rows", "row_pieces")

@@ -21,6 +21,7 @@ from tilegym.ops.triton.launcher import KernelLauncher, all_aligned
 BIG = tl.constexpr(2**30)  # past any block count: masked-off lanes compare as "after"
 BLOCK_B = 32  # rows per chunk of the row walks
 NUM_WARPS = 4
+_loaded: set[tuple] = set()  # (constexprs, device) of the variants launched in this process
 SIZES = ("batch", "programs", "seq_len", "nnz", "page_size", "block_n", "min_blocks", "cost", "fixed")
 
 
@@ -141,6 +142,11 @@ def schedule_kernel(
         tl.store(row_pieces_ptr + batch + b, tl.where(row_begin < row_end, last_piece, first_piece - 1), mask=ok)
 
 
+def capturing(device: torch.device) -> bool:
+    """True while the current stream of ``device`` (a GPU) is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def schedule_launch(
     call,
     shape,
@@ -152,10 +158,13 @@ def schedule_launch(
     piece_bounds: torch.Tensor,
     piece_rows: torch.Tensor,
     row_pieces: torch.Tensor,
-) -> Callable[[], None]:
+) -> Callable[[], None] | None:
     """A function that rebuilds the schedule of ``call`` (an ``MLADecodeCall``) cut as ``shape`` (a
     ``ScheduleShape``) into the given int32 tensors with one launch; ``units`` holds >= batch int32.
-    The call's ``kv_lens`` and page ranges are read at each launch, so it follows in-place updates."""
+    The call's ``kv_lens`` and page ranges are read at each launch, so it follows in-place updates.
+
+    None during CUDA-graph capture when this variant has not run in this process yet: its first launch
+    compiles and loads a module, which a capture must not contain; the caller uses the torch ops."""
     ragged = call.kv_indptr is not None
     spare = lens  # any int32 pointer for the inputs a variant does not read
     inputs = (
@@ -176,23 +185,22 @@ def schedule_launch(
         0 if fixed else shape.segment_cost,
         fixed,
     )
-    launcher = KernelLauncher(
-        schedule_kernel,
-        grid=(1, 1, 1),
-        constexprs={
-            "HAS_LENS": call.kv_lens is not None,
-            "RAGGED": ragged,
-            "SNAP": snap_table is not None,
-            "BLOCK_B": BLOCK_B,
-            "BLOCK_P": max(16, triton.next_power_of_2(shape.programs + 1)),
-        },
-        num_warps=NUM_WARPS,
-        num_stages=1,
-    )
+    constexprs = {
+        "HAS_LENS": call.kv_lens is not None,
+        "RAGGED": ragged,
+        "SNAP": snap_table is not None,
+        "BLOCK_B": BLOCK_B,
+        "BLOCK_P": max(16, triton.next_power_of_2(shape.programs + 1)),
+    }
+    variant = (tuple(constexprs.values()), lens.device)
+    if variant not in _loaded and capturing(lens.device):
+        return None
+    launcher = KernelLauncher(schedule_kernel, grid=(1, 1, 1), constexprs=constexprs, num_warps=NUM_WARPS, num_stages=1)
     args = (*inputs, *outputs, *sizes)
     aligned = all_aligned([t.data_ptr() for t in (*inputs, *outputs)])
 
     def launch() -> None:
         launcher(*args, aligned=aligned)
+        _loaded.add(variant)
 
     return launch
