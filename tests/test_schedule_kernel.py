@@ -131,12 +131,12 @@ def test_a_capture_never_compiles_the_kernel(monkeypatch: pytest.MonkeyPatch) ->
     from tilegym.ops.triton import schedule_kernel as module
 
     monkeypatch.setattr(module, "_loaded", set())
-    monkeypatch.setattr(module, "capturing", lambda device: True)
+    monkeypatch.setattr(module.utils, "capturing", lambda device: True)
     schedule, context = random_schedule(11)
     assert schedule.kernel_launch() is None  # what SplitSchedule does on a GPU during capture
     schedule.refresh()  # the torch ops (CPU here)
-    monkeypatch.setattr(module, "capturing", lambda device: False)
+    monkeypatch.setattr(module.utils, "capturing", lambda device: False)
     kernel_tensors(schedule)  # the variant runs once outside a capture
-    monkeypatch.setattr(module, "capturing", lambda device: True)
+    monkeypatch.setattr(module.utils, "capturing", lambda device: True)
     launch = schedule.kernel_launch(**{name: torch.full_like(getattr(schedule, name), -7) for name in NAMES})
     assert launch is not None

@@ -46,3 +46,8 @@ def multiprocessor_count(device: torch.device) -> int:
         return os.cpu_count() or 1
     index = device.index if device.index is not None else torch.cuda.current_device()
     return sm_count(index)
+
+
+def capturing(device: torch.device) -> bool:
+    """True while the current stream of ``device`` (a GPU) is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

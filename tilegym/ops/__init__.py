@@ -20,6 +20,7 @@ from tilegym.ops.contract import MLADecodeCall, validate_mla_decoding, validate_
 from tilegym.ops.mla_decoding import MLA_DECODING
 from tilegym.ops.mla_decoding import SPLITK_REDUCE as SPLITK_REDUCE_SPEC
 from tilegym.ops.plan import MLADecodePlan
+from tilegym.utils import capturing
 
 __all__ = ["MLADecodePlan", "mla_decoding_split_kv", "plan_mla_decoding", "splitk_reduce"]
 
@@ -68,7 +69,7 @@ class _PlanCache:
 
     def plan(self, call: MLADecodeCall, backend: str | None) -> MLADecodePlan:
         """A cached plan for ``call`` (schedule refreshed), or a new one."""
-        if call.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(call.device):
             return plan_for_call(call, backend)
         impl = select(MLA_DECODE, call, backend)
         key = self.key(impl.backend, call)

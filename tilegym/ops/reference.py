@@ -20,7 +20,7 @@ from tilegym.backend import register_impl
 from tilegym.ops.contract import DENSE, FP8_DS_MLA, MXFP4, PACKED_KV_FORMATS, PAGED, MLADecodeCall, SplitKReduceCall
 from tilegym.ops.mla_decoding import MLA_DECODING, SPLITK_REDUCE
 from tilegym.quant import FP8_DS_MLA_GROUP, FP8_DS_MLA_GROUPS, dequantize_mxfp4
-from tilegym.utils import next_power_of_2
+from tilegym.utils import capturing, next_power_of_2
 
 ALL_VENDORS = ("nvidia", "amd", "cpu")
 CHUNK_ELEMENTS = 1 << 24  # float32 elements of one gathered chunk [B, L, D + P] (64 MiB)
@@ -90,7 +90,7 @@ class TorchDecodeRunner:
         c = self.call
         if c.layout == DENSE or c.layout == PAGED:
             return c.seq_len
-        if c.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(c.device):
             return c.seq_len  # no sync while capturing: every page of the cache bounds a row
         return max(1, int(lens.max()))  # ragged: the longest row, read on the host
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from tilegym.ops.contract import DENSE, PAGED, RAGGED, MLADecodeCall
-from tilegym.utils import cdiv, multiprocessor_count
+from tilegym.utils import capturing, cdiv, multiprocessor_count
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def shared_snap_table(shape: ScheduleShape, most_row_blocks: int, device: torch.
     """``snap_table``, built once per (shape, device) and shared by the plans made for it (every layer
     of a step plans the same shapes; building it takes about 15 small device ops). The kernels only
     read it. A table built during CUDA-graph capture belongs to the graph's pool, so it is not kept."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing(device):
         return snap_table(shape, most_row_blocks, device)
     key = (shape.batch, shape.programs, shape.min_blocks, shape.snap, most_row_blocks, device)
     table = _snap_tables.get(key)

@@ -8,3 +8,13 @@ step() {
     (cd "$dir" && PYTHONPATH=. timeout --kill-after=5 "$limit" "$@") > "$OUT/$name.log" 2>&1
     echo "=== $name: exit $? after $((SECONDS - start))s ($(tail -n 1 "$OUT/$name.log"))"
 }
+
+# sweep BACKEND KV COSTS...: the profiler timeline of the mixed suite at each segment cost (tokens),
+# its period lines only. Uses $py; export -f it (with py) for `bash -c` steps.
+sweep() {
+    local backend=$1 kv=$2
+    shift 2
+    local args=()
+    for c in "$@"; do args+=(--segment-cost "$c"); done
+    "$py" benchmarks/timeline.py --backend "$backend" --kv "$kv" --suites mixed "${args[@]}" 2>&1 | grep -E "period|Error"
+}

@@ -11,14 +11,6 @@ py=${PYTHON:-python3}
 # shellcheck source=../session21/step.sh
 . benchmarks/results/session21/step.sh
 
-sweep() {  # sweep BACKEND KV COSTS...
-    local backend=$1 kv=$2
-    shift 2
-    local args=()
-    for c in "$@"; do args+=(--segment-cost "$c"); done
-    "$py" benchmarks/timeline.py --backend "$backend" --kv "$kv" --suites mixed "${args[@]}" 2>&1 | grep -E "period|Error"
-}
-
 run() {
     export PYTHONUNBUFFERED=1 TILEGYM_CACHE_DIR=$PWD/.cache/tilecpp
     export -f sweep

@@ -11,12 +11,18 @@ from global memory by the later phases (a few KB).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from tilegym import utils
 from tilegym.ops.triton.launcher import KernelLauncher, all_aligned
+
+if TYPE_CHECKING:
+    from tilegym.ops.contract import MLADecodeCall
+    from tilegym.ops.schedule import ScheduleShape
 
 BIG = tl.constexpr(2**30)  # past any block count: masked-off lanes compare as "after"
 BLOCK_B = 32  # rows per chunk of the row walks
@@ -142,14 +148,9 @@ def schedule_kernel(
         tl.store(row_pieces_ptr + batch + b, tl.where(row_begin < row_end, last_piece, first_piece - 1), mask=ok)
 
 
-def capturing(device: torch.device) -> bool:
-    """True while the current stream of ``device`` (a GPU) is being captured into a CUDA graph."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def schedule_launch(
-    call,
-    shape,
+    call: MLADecodeCall,
+    shape: ScheduleShape,
     snap_table: torch.Tensor | None,
     *,
     lens: torch.Tensor,
@@ -193,7 +194,7 @@ def schedule_launch(
         "BLOCK_P": max(16, triton.next_power_of_2(shape.programs + 1)),
     }
     variant = (tuple(constexprs.values()), lens.device)
-    if variant not in _loaded and capturing(lens.device):
+    if variant not in _loaded and utils.capturing(lens.device):
         return None
     launcher = KernelLauncher(schedule_kernel, grid=(1, 1, 1), constexprs=constexprs, num_warps=NUM_WARPS, num_stages=1)
     args = (*inputs, *outputs, *sizes)
