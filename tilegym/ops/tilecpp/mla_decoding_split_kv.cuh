@@ -11,8 +11,9 @@
 // A segment that is the whole row writes the final output (dtype T) and lse; the others write a
 // float32 partial output and natural-log lse to work slot p + b, merged by mla_decoding_combine.cuh.
 //
-// LAYOUT: 0 dense rows (kv[b, t]); 1 pages of at least BLOCK_N tokens (one page id per step, the
-// tile is contiguous like a dense one); 2 smaller pages (one page id per token, gathered rows).
+// LAYOUT: 0 dense rows (kv[b, t]); 1 pages of at least BLOCK_N tokens (one page id per step, read a
+// step ahead; the tile is contiguous like a dense one); 2 smaller pages (one page id and one strided
+// load per page).
 // Page ids come from a block-table row (ragged = 0) or from kv_indices[kv_indptr[b]:] (ragged =
 // 1); they are clamped to [0, num_pages), lengths were clamped to the row's pages by the
 // schedule: no read leaves the cache. Causal MTP: token i of a row of length L sees positions
@@ -225,6 +226,11 @@ __tile_global__ void mla_decode_split_kernel(
       // carries the 64-bit row, page and token offsets.
       auto kv_offs = n_col * (int)kv_s1 + d_row;
       auto kpe_offs = n_col * (int)kpe_s1 + p_row;
+      // LAYOUT 1: each step's page id is read one step ahead, so no tile load's address waits on a load
+      // of its own step (read in the step, the 16 x 64 build spilled 584 bytes and pages of 64 ran 1.7x
+      // slower: session 26).
+      int page_next = 0;
+      if constexpr (LAYOUT == 1) page_next = table_row[(lo - row_begin) * BLOCK_N / page_size];
       for (int blk : ct::irange(lo - row_begin, hi - row_begin)) {
         const int pos0 = blk * BLOCK_N;
         auto pos = n_col + pos0;
@@ -235,8 +241,9 @@ __tile_global__ void mla_decode_split_kernel(
           kv_t = ct::load_masked(kv + b * kv_s0 + pos0 * kv_s1 + kv_offs, row_ok, KV(0));
           kpe_t = ct::load_masked(kpe + b * kpe_s0 + pos0 * kpe_s1 + kpe_offs, row_ok, KV(0));
         } else if constexpr (LAYOUT == 1) {
-          int page = table_row[pos0 / page_size];
+          int page = page_next;
           page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+          if (blk + 1 < hi - row_begin) page_next = table_row[(pos0 + BLOCK_N) / page_size];
           const long long slot0 = pos0 % page_size;
           kv_t = ct::load_masked(kv + page * kv_s0 + slot0 * kv_s1 + kv_offs, row_ok, KV(0));
           kpe_t = ct::load_masked(kpe + page * kpe_s0 + slot0 * kpe_s1 + kpe_offs, row_ok, KV(0));
