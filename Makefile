@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,triton,tilecpp,cutlass,bench
 PY := $(VENV)/bin/python
 
-.PHONY: demo test info bench lint
+.PHONY: demo test info bench table lint
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ info: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m tilegym bench
+
+# After re-running any suite: rebuild the dispatch tables from the reports they list (tests check it).
+table: $(VENV)/.installed
+	$(PY) -m tilegym selection-table --refresh
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

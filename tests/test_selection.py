@@ -167,8 +167,35 @@ def test_committed_sm90_table_is_generated_from_its_sources():
         p.parent.name for p in sources
     }
     assert committed.read_text() == selection.table_json(selection.build_table(sources)), (
-        "regenerate: python -m tilegym selection-table <those reports> --out tilegym/selection_tables"
+        "regenerate: python -m tilegym selection-table --refresh (or make table)"
     )
+
+
+def test_refresh_rebuilds_a_table_from_the_reports_it_lists(tmp_path):
+    """--refresh reads the sources of each table in --out again: a table edited by hand (or left behind by
+    a re-run suite) comes back equal to one built from those reports."""
+    committed = ROOT / "tilegym" / "selection_tables" / "sm_90.json"
+    stale = json.loads(committed.read_text())
+    stale["ops"] = {}
+    (tmp_path / "sm_90.json").write_text(json.dumps(stale))
+    results = ROOT / "benchmarks" / "results"
+    assert selection.main(["--refresh", "--out", str(tmp_path), "--results", str(results)]) == 0
+    expected = selection.table_json(selection.build_table(selection.table_sources(committed, results)))
+    assert (tmp_path / "sm_90.json").read_text() == expected
+
+
+def test_refresh_and_report_files_are_exclusive_and_missing_reports_are_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        selection.main([])
+    assert "either report files or --refresh" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        selection.main(["--refresh", "--out", str(tmp_path)])
+    assert "no tables in" in capsys.readouterr().err
+    (tmp_path / "sm_90.json").write_text(json.dumps({"sources": [{"file": "gone/report.json"}], "ops": {}}))
+    with pytest.raises(SystemExit):
+        selection.main(["--refresh", "--out", str(tmp_path), "--results", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "1 reports not found" in err and str(tmp_path / "gone" / "report.json") in err
 
 
 # --- auto with a table ------------------------------------------------------------------------

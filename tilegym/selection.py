@@ -439,15 +439,38 @@ def _dump(value: Any, depth: int) -> str:
     return "[\n" + ",\n".join(pad + _dump(v, depth + 1) for v in value) + "\n" + " " * depth + "]"
 
 
+def table_sources(table_path: Path, results_dir: Path) -> list[Path]:
+    """The reports a written table lists under ``sources``, as paths under ``results_dir``."""
+    table = json.loads(table_path.read_text())
+    return [results_dir / source["file"] for source in table.get("sources", [])]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``selection-table REPORT.json... [--out DIR] [--arch ARCH]``: write DIR/<arch>.json per arch."""
+    """``selection-table REPORT.json... [--out DIR] [--arch ARCH]``: write DIR/<arch>.json per arch.
+
+    ``--refresh``: rebuild every table in DIR from the reports it lists, read again from ``--results``
+    (run it after re-running any suite, so the table never lags its reports)."""
     parser = argparse.ArgumentParser(prog="python -m tilegym selection-table", description=main.__doc__)
-    parser.add_argument("reports", nargs="+", type=Path, help="bench JSON reports (rows with status 'ok' count)")
+    parser.add_argument("reports", nargs="*", type=Path, help="bench JSON reports (rows with status 'ok' count)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / TABLES_PACKAGE_DIR)
     parser.add_argument("--arch", help="arch of every report (default: environment.arch or the device name)")
+    parser.add_argument("--refresh", action="store_true", help="rebuild the tables in --out from their own sources")
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"), help="where --refresh reads")
     args = parser.parse_args(argv)
+    if args.refresh == bool(args.reports):
+        parser.error("give either report files or --refresh")
+    reports = list(args.reports)
+    if args.refresh:
+        tables = sorted(args.out.glob("*.json"))
+        if not tables:
+            parser.error(f"--refresh: no tables in {args.out}")
+        reports = [path for table in tables for path in table_sources(table, args.results)]
+        missing = [str(path) for path in reports if not path.is_file()]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            parser.error(f"--refresh: {len(missing)} reports not found under {args.results}: {shown}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for arch, table in build_tables(args.reports, args.arch).items():
+    for arch, table in build_tables(reports, args.arch).items():
         path = args.out / f"{arch}.json"
         path.write_text(table_json(table))
         regimes = sum(len(rows) for rows in table["ops"].values())
