@@ -161,8 +161,7 @@ def test_reports_from_two_archs_need_build_tables(tmp_path):
 
 def test_committed_sm90_table_is_generated_from_its_sources():
     committed = ROOT / "tilegym" / "selection_tables" / "sm_90.json"
-    table = json.loads(committed.read_text())
-    sources = [ROOT / "benchmarks" / "results" / s["file"] for s in table["sources"]]
+    sources = selection.table_sources(committed, ROOT / "benchmarks" / "results")
     assert {"deepseek", "deepseek-fp8", "amd-mixed-mla", "deepseek-paged64", "mixed-ragged1"} <= {
         p.parent.name for p in sources
     }

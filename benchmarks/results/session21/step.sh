@@ -1,4 +1,4 @@
-# Sourced by this folder's call scripts: step NAME SECONDS DIR COMMAND... runs COMMAND in DIR with
+# Sourced by the sessions' call scripts: step NAME SECONDS DIR COMMAND... runs COMMAND in DIR with
 # PYTHONPATH=. under a time limit, its output in $OUT/NAME.log, and prints its exit code and last line.
 step() {
     local name=$1 limit=$2 dir=$3
@@ -17,4 +17,16 @@ sweep() {
     local args=()
     for c in "$@"; do args+=(--segment-cost "$c"); done
     "$py" benchmarks/timeline.py --backend "$backend" --kv "$kv" --suites mixed "${args[@]}" 2>&1 | grep -E "period|Error"
+}
+
+# timeline_trees ORDER... -- ARGS...: the tilecpp profiler timeline (timeline.py ARGS) in each tree of
+# ORDER in turn (an A/B in one call), its period lines under a "##### tree" label each.
+timeline_trees() {
+    local trees=()
+    while [ "$1" != "--" ]; do trees+=("$1"); shift; done
+    shift
+    for tree in "${trees[@]}"; do
+        echo "##### tree $tree $*"
+        (cd "$tree" && PYTHONPATH=. python3 benchmarks/timeline.py --backend tilecpp "$@" 2>&1 | grep -E "period|Error|B[0-9]")
+    done
 }

@@ -16,14 +16,8 @@ cd "$(dirname "$0")/../../.."
 root=$PWD
 export TILEGYM_CACHE_DIR=$root/.cache/tilecpp
 source benchmarks/results/session21/step.sh
-ab() {
-    for tree in "$root" "$root/.ab/f1" "$root/.ab/f1" "$root"; do
-        echo "##### tree $tree $*"
-        (cd "$tree" && PYTHONPATH=. python3 benchmarks/timeline.py --backend tilecpp --kv fp8 --suites quantized "$@" 2>&1 \
-            | grep -E "period|Error|B[0-9]")
-    done
-}
-export -f ab
+ab() { timeline_trees "$root" "$root/.ab/f1" "$root/.ab/f1" "$root" -- --kv fp8 --suites quantized "$@"; }
+export -f ab timeline_trees
 export root
 step 1-fp8-dense 200 "$root" bash -c ab
 step 2-fp8-paged64 200 "$root" bash -c 'ab --layout paged --page-size 64'
