@@ -14,13 +14,15 @@ another source tree too, swapped as ``ab_trees.py`` does (its cubins built with 
 ``--split`` (repeatable): the plan's ``kv_len_per_split`` in tokens, or ``Nrow`` for N times the shape's
 sequence length (pieces that never cut a row of a full-length batch); default: the backend's choice.
 ``--segment-cost`` (repeatable): the schedule's cost of a segment start in tokens (the backend module's
-``SEGMENT_COST_TOKENS`` and its variants), each value timed in turn.
+``SEGMENT_COST_TOKENS`` and its variants), each value timed in turn. ``--merge`` (repeatable, cutlass):
+``MERGE_ROW_HALVES`` off (0) or on (1) for the plans made after, each value timed in turn.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import statistics
 import tempfile
@@ -118,6 +120,7 @@ def main() -> None:
     ap.add_argument("--split", action="append", default=[], help="kv_len_per_split: tokens, or Nrow")
     ap.add_argument("--combine-rows", type=int, help="cutlass: most query rows per combine CTA")
     ap.add_argument("--segment-cost", type=int, action="append", default=[], help="segment start, tokens")
+    ap.add_argument("--merge", type=int, action="append", default=[], help="cutlass: MERGE_ROW_HALVES (0/1)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
@@ -145,12 +148,16 @@ def main() -> None:
                 if tree is not None:
                     ab_trees.use_tree(tree)
                 for split in a.split or [None]:
-                    for cost in a.segment_cost or [None]:
+                    for cost, merge in itertools.product(a.segment_cost or [None], a.merge or [None]):
                         tokens = split_tokens(split, shape.seq_len)
                         label = f"{shape.label} [{tree or a.backend}{'' if split is None else f', split {tokens}'}"
-                        label += "]" if cost is None else f", segment cost {cost}]"
+                        label += "" if cost is None else f", segment cost {cost}"
+                        label += "]" if merge is None else f", merge {merge}]"
                         if cost is not None:
                             set_segment_cost(a.backend, cost)
+                        if merge is not None:
+                            cutlass = importlib.import_module("tilegym.ops.cutlass.mla_decoding_split_kv")
+                            cutlass.MERGE_ROW_HALVES = bool(merge)
                         try:
                             plan = bench.make_plan(a.backend, data, tokens)
                         except Exception as exc:  # a shape this backend does not serve

@@ -38,7 +38,7 @@ def test_fp8_cache_at_many_heads_is_taken_by_the_wgmma_kernel() -> None:
         "cutlass runs on NVIDIA GPUs only, got a tensor on cpu"
     ]
     kernel = cutlass_mla._split_kernel_of(_call(64, kv_dtype=torch.float8_e4m3fn))
-    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1>"  # dtype, kPair, kFp8
+    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1, 0>"  # dtype, kPair, kFp8, kMerge
 
 
 def test_other_head_dims_are_refused_with_a_reason() -> None:
@@ -96,11 +96,12 @@ def test_every_variant_is_listed_for_precompile() -> None:
         [
             *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
             *(
-                f"{cutlass_mla.KERNEL}<{c}, {pair}, {fp8_cache}>"
+                f"{cutlass_mla.KERNEL}<{c}, {pair}, {fp8_cache}, 0>"
                 for c in ("__half", "__nv_bfloat16")
                 for pair in (1, 2)
                 for fp8_cache in (0, 1)
             ),
+            *(f"{cutlass_mla.KERNEL}<{c}, 1, 0, 1>" for c in ("__half", "__nv_bfloat16")),  # row halves
             *fp8,
         ]
     )
@@ -285,7 +286,7 @@ def test_cluster_pairs_stay_one_wave() -> None:
     x = make_mla_inputs(64, 128, 256, device="cuda")
     plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe))
     kernel = plan._split_kernel()
-    assert kernel.instance_name.endswith(", 2, 0>"), "two 64-row groups should run as a cluster pair"
+    assert kernel.instance_name.endswith(", 2, 0, 0>"), "two 64-row groups should run as a cluster pair"
     programs = plan.schedule.shape.programs
     fit = kernel.max_active_clusters(plan.device_index, (programs, 2, 1), (plan.threads, 1, 1), plan._shared_bytes())
     sms = torch.cuda.get_device_properties(plan.device_index).multi_processor_count
@@ -311,6 +312,47 @@ def test_equal_rows_are_not_cut_by_a_cluster_pairs_pieces() -> None:
     assert torch.equal(last[:64], first[:64]), "and ends there"
     assert bool((last[64:] < first[64:]).all()), "the pieces past the rows are empty"
     out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, return_lse=True, backend=BACKEND)
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("heads", "q_len"), [(16, 1), (64, 1), (16, 4)])
+def test_equal_rows_halved_are_merged_in_shared_memory(dtype: torch.dtype, heads: int, q_len: int) -> None:
+    """64 equal rows of 16 blocks on 132 SMs: pieces of 8 blocks, so pieces 2k and 2k + 1 hold row k's
+    halves, and each cluster of two merges its row without the combine (MERGE_ROW_HALVES)."""
+    g = torch.Generator().manual_seed(heads + q_len)
+    x = make_mla_inputs(64, heads, 1024, dtype=dtype, device="cuda", generator=g, q_len=q_len)
+    call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, return_lse=True)
+    plan = cutlass_mla.plan(call)
+    assert plan.merge and plan._split_kernel().instance_name.endswith(", 1, 0, 1>")
+    merged = cutlass_mla.rows_merged_in_pairs(plan.schedule)
+    if plan.schedule.shape.programs != 132:
+        pytest.skip(f"written for 132 SMs (66 clusters of two); this GPU's plan cuts {plan.schedule.shape.programs}")
+    assert all(merged), "every row should be cut into the two pieces of one cluster"
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, return_lse=True, backend=BACKEND)
+    torch.cuda.synchronize()
+    _check(x, out, lse, causal=True, dtype=dtype)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("heads", [16, 64])
+def test_rows_merged_in_pairs_beside_rows_for_the_combine(heads: int) -> None:
+    """Pieces of one block: rows of two blocks that start on an even piece are merged by their cluster,
+    the others (one block, three, or two starting on an odd piece) are written whole or go through the
+    combine, which must leave the merged rows alone; an empty row gets zeros."""
+    lens = (128, 64, 128, 192, 128, 0, 100, 65, 64, 128)
+    g = torch.Generator().manual_seed(heads)
+    x = make_mla_inputs(len(lens), heads, 192, device="cuda", kv_lens=lens, generator=g)
+    kwargs = {"kv_lens": x.kv_lens, "return_lse": True}
+    plan = plan_mla_decoding(x.q, x.qpe, x.kv, x.kpe, None, 64, backend=BACKEND, **kwargs)
+    merged = cutlass_mla.rows_merged_in_pairs(plan.runner.schedule)
+    # blocks 2 1 2 3 2 0 2 2 1 2: rows 0, 4, 6 and 7 are two blocks from an even piece, row 9 from an odd one
+    assert merged == [True, False, False, False, True, False, True, True, False, False]
+    out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, None, 64, plan=plan, **kwargs)
     torch.cuda.synchronize()
     _check(x, out, lse, causal=True)
 

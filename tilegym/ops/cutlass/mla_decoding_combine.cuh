@@ -8,6 +8,9 @@
 // sit in the consecutive work slots row_pieces[0][b] + b .. row_pieces[1][b] + b (tilegym/ops/schedule.py);
 // count, the number of segments, is the CTA's. Then:
 // - count 1: the split kernel wrote the rows; the CTA returns at once.
+// - count 2 with the row cut exactly into pieces 2k and 2k + 1, when the split kernel merges row halves
+//   (merge_bounds = its piece_bounds, merge_cum = its cum_blocks; null otherwise): that cluster of two
+//   CTAs wrote the rows (mla_decoding_split_kv.cuh, merge_row_halves); the CTA returns at once.
 // - count <= kWideRow: warp w takes the CTA's rows w, w + 4, ..., each alone.
 // - more (long rows cut into many segments, few rows): the 4 warps fold every fourth slot of one row
 //   and merge their sums through shared memory, so a row costs count / 4 slots of latency, not count.
@@ -123,7 +126,7 @@ __device__ __forceinline__ float row_lse(float m, float total) {
 template <typename TOut>
 __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_decode_cute_combine_kernel(
     const float* __restrict__ part_out, const float* __restrict__ part_lse, const int* __restrict__ row_pieces,
-    int batch, TOut* __restrict__ out, float* __restrict__ out_lse, int query_rows,
+    const int* __restrict__ merge_bounds, const int* __restrict__ merge_cum, int batch, TOut* __restrict__ out, float* __restrict__ out_lse, int query_rows,
     int write_lse, int rows_per_cta) {
   using namespace tilegym_cute_combine;
   constexpr int D = 512;
@@ -134,8 +137,10 @@ __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_dec
   tilegym_cutlass::allow_dependent_launch();  // the next call's split kernel may be placed as SMs free up
   const int first = row_pieces[b];
   const int count = row_pieces[batch + b] - first + 1;  // 0: an empty row
+  const bool merged = count == 2 && merge_bounds != nullptr && (first & 1) == 0 &&
+                      merge_bounds[first] == merge_cum[b] && merge_bounds[first + 2] == merge_cum[b + 1];
   tilegym_cutlass::wait_for_previous_grid();  // the partials are the split kernel's output
-  if (count == 1) return;                      // one segment: the split kernel wrote these rows
+  if (count == 1 || merged) return;            // the split kernel wrote these rows
   const long long first_slot = (long long)first + b;
   const int r_begin = blockIdx.x * rows_per_cta;
   const int r_end = min(query_rows, r_begin + rows_per_cta);

@@ -232,6 +232,7 @@ struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   float q_factor[kRows];                    // kFp8: the power of two each query row was scaled by
   uint64_t full[2][kTiles];                 // (buffer, tile) has landed
   uint64_t empty[2][2];                     // bf16/fp16: (buffer, side) is no longer read (4 warp arrivals)
+  uint64_t pair[2];                         // kMerge: the partner's buffers are free (1), its half has landed (128)
 };
 
 using tilegym_cutlass::commit_async_copies;
@@ -306,15 +307,88 @@ __device__ __forceinline__ float fp16_row_factor(float amax) {
   return ldexpf(1.f, max(-100, min(100, 15 - e)));
 }
 
+// Row halves (kMerge): CTAs 2k and 2k + 1 of a cluster split one row between them. Each finished its
+// half like any segment: O normalised by its row sums (inv) and its lse (natural log). CTA h then
+// writes output columns 256 h .. 256 h + 255 of the row: its warpgroup h keeps its O there, and its
+// other warpgroup sends its normalised O and lse to the partner's warpgroup of the same columns, whose
+// thread wt owns the same accumulator elements. They land in the partner's KV buffers, which are free
+// once the partner's consumers have passed their last step (the partner's arrival on pair[0]), and
+// pair[1] counts the 128 senders. The merge is the combine's: out = sum of exp(lse_i - lse) O_i.
+// No partial goes through global memory and the combine skips the row.
+// Traffic: 64 x 256 x 4 B + 64 x 4 B to the partner (distributed shared memory), 64 x 256 x sizeof(T) B
+// of output (+ the lse from CTA 0).
+template <typename T, typename Acc>
+__device__ __forceinline__ void merge_row_halves(SharedStorage& smem, Acc& acc_o, const float (&inv)[2],
+                                                 const float (&lse)[2], int h, int wg, int wt, int my_row0, int r0,
+                                                 int query_rows, int write_lse, T* out_row0, float* lse_row0) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const uint32_t partner = h ^ 1;
+  float2* landing = reinterpret_cast<float2*>(smem.kv[0]);   // [64 element pairs][128 threads]
+  float* landing_lse = reinterpret_cast<float*>(smem.kv[1]);  // [64 rows]
+  if (wg != h) {  // the sender
+    tilegym_cutlass::mbar_wait_cluster(&smem.pair[0], 0);
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const float sc = inv[row_half(i)];
+      tilegym_cutlass::cluster_store2(tilegym_cutlass::cluster_address(landing + (i / 2) * 128 + wt, partner),
+                                      acc_o(i) * sc, acc_o(i + 1) * sc);
+    }
+    if ((wt & 3) == 0) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        tilegym_cutlass::cluster_store(tilegym_cutlass::cluster_address(landing_lse + my_row0 + 8 * k, partner), lse[k]);
+    }
+    tilegym_cutlass::cluster_arrive_remote(tilegym_cutlass::cluster_address(&smem.pair[1], partner));
+    return;
+  }
+  if (wt == 0) tilegym_cutlass::cluster_arrive_remote(tilegym_cutlass::cluster_address(&smem.pair[0], partner));
+  tilegym_cutlass::mbar_wait_cluster(&smem.pair[1], 0);
+  float w_mine[2], w_other[2], lse_row[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float other = landing_lse[my_row0 + 8 * k];
+    if (lse[k] == -INFINITY && other == -INFINITY) {  // no token in either half: zeros, lse -inf
+      w_mine[k] = w_other[k] = 0.f;
+      lse_row[k] = -INFINITY;
+      continue;
+    }
+    const float mx = fmaxf(lse[k], other);  // NaN in either lse gives NaN below
+    const float e0 = exp2f((lse[k] - mx) * kLog2e), e1 = exp2f((other - mx) * kLog2e);
+    const float total = e0 + e1;
+    w_mine[k] = e0 / total;
+    w_other[k] = e1 / total;
+    lse_row[k] = mx + log2f(total) * kLn2;
+  }
+  const int col0 = h * 256;
+#pragma unroll
+  for (int i = 0; i < 128; i += 2) {
+    const int k = row_half(i);
+    const int r = r0 + my_row0 + 8 * k;
+    if (r >= query_rows) continue;
+    const float2 v = landing[(i / 2) * 128 + wt];
+    const float sc = inv[k] * w_mine[k];
+    *reinterpret_cast<uint32_t*>(out_row0 + (long long)r * kD + col0 + acc_col(i, wt)) =
+        Types<T>::pack(acc_o(i) * sc + w_other[k] * v.x, acc_o(i + 1) * sc + w_other[k] * v.y);
+  }
+  if (h == 0 && write_lse && (wt & 3) == 0) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = r0 + my_row0 + 8 * k;
+      if (r < query_rows) lse_row0[r] = lse_row[k];
+    }
+  }
+}
+
 }  // namespace tilegym_cute
 
 // kPair = 2 (two 64-row groups): the groups of a piece (blockIdx.y 0 and 1) run as a cluster, which
 // puts them on SMs of one GPC. Both read the same blocks at about the same time; from one GPC the
 // two reads cost L2 less work (ncu: same DRAM bytes, L2 throughput 47% instead of 57% of peak).
 // (Sharing the loads by TMA multicast instead was slower: each refill then waits for the slower CTA
-// of the pair.) kPair = 1: a cluster of one CTA.
-template <typename T, int kPair, int kFp8>
-__global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384, 1) mla_decode_cute_split_kernel(
+// of the pair.) kPair = 1: a cluster of one CTA, or with kMerge = 1 two CTAs of consecutive pieces
+// (blockIdx.x 2k, 2k + 1) that merge a row they split between them in shared memory (see "Row halves").
+template <typename T, int kPair, int kFp8, int kMerge>
+__global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
@@ -351,12 +425,21 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
   // The cache's L2 policy: a pair's partner reads the same blocks a little later (tilegym_cutlass::l2_policy).
   const uint64_t policy = tilegym_cutlass::l2_policy(kPair == 1);
 
+  static_assert(kMerge == 0 || (kPair == 1 && kFp8 == 0), "row halves: bf16/fp16, one 64-row group");
   if (tid == 0) {
     for (int i = 0; i < 2 * kTiles; ++i) mbar_init(&smem.full[i / kTiles][i % kTiles], 1);
     for (int i = 0; i < 4; ++i) mbar_init(&smem.empty[i / 2][i % 2], 4);
+    if constexpr (kMerge != 0) {
+      mbar_init(&smem.pair[0], 1);
+      mbar_init(&smem.pair[1], 128);
+      tilegym_cutlass::fence_mbarrier_init_cluster();
+    }
   }
   tilegym_cutlass::allow_dependent_launch();  // the combine may be placed as SMs free up
-  __syncthreads();
+  if constexpr (kMerge != 0)
+    tilegym_cutlass::cluster_sync();  // the partner's barriers exist before any remote arrival
+  else
+    __syncthreads();
   // A programmatic dependent launch: what comes before overlaps the previous kernel's end, and nothing
   // a previous kernel wrote (schedule, queries, cache) is read before this wait.
   tilegym_cutlass::wait_for_previous_grid();
@@ -364,6 +447,17 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
   const int end = piece_bounds[piece + 1];
   const int first_row = piece_rows[piece];
   const int last_row = piece_rows[num_pieces + piece];
+  // kMerge: whether pieces 2k and 2k + 1 (this CTA and its partner) split one row between them and hold
+  // nothing else; both CTAs (and the combine, which then skips the row) make the same test.
+  bool merged = false;
+  if constexpr (kMerge != 0) {
+    const int e = piece & ~1;
+    if (e + 2 <= num_pieces) {
+      const int p0 = piece_bounds[e], p1 = piece_bounds[e + 1], p2 = piece_bounds[e + 2];
+      const int b0 = piece_rows[e];
+      merged = p0 < p1 && p1 < p2 && p0 == cum_blocks[b0] && p2 == cum_blocks[b0 + 1];
+    }
+  }
 
   // bf16/fp16: warpgroup 2 is the producer. Its first warp issues every TMA load of the CTA, in block
   // order, each (buffer, side) once the warpgroup that read it last has released it; the consumers
@@ -1099,6 +1193,13 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384
       const bool empty = total == 0.f;
       inv[k] = empty ? 0.f : cache_scale / total;
       lse[k] = empty ? -INFINITY : (m[k] + log2f(total)) * kLn2;
+    }
+    if constexpr (kMerge != 0) {
+      if (merged) {  // the piece's only segment
+        merge_row_halves(smem, acc_o, inv, lse, piece & 1, wg, wt, my_row0, r0, query_rows, write_lse,
+                         out + (long long)b * query_rows * kD, out_lse + (long long)b * query_rows);
+        continue;
+      }
     }
     const int col0 = wg * 256;
 #pragma unroll

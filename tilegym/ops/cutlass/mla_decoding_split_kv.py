@@ -46,9 +46,9 @@ TILE_COLUMNS = 64  # columns of a shared KV tile: 128 bytes of bf16/fp16, one sw
 THREADS = 256  # two warpgroups (the fp8 variant)
 PRODUCER_THREADS = 384  # bf16/fp16: the two consumer warpgroups and the one that issues the loads
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
-# (16 KB) + row maxima, sums and query factors (1.25 KB) + 22 mbarriers, plus 1 KB so the kernel can
+# (16 KB) + row maxima, sums and query factors (1.25 KB) + 24 mbarriers, plus 1 KB so the kernel can
 # align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 22 * 8 + 1024
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 24 * 8 + 1024
 # Two 64-row groups run as a cluster of two CTAs (one GPC), whose reads of the same blocks then cost
 # L2 less work (H200 sweep: 64 x 4096 x 128 180.2 us vs 193.3 as separate CTAs, 128 x 8192 x 128
 # 632.9 vs 702.3).
@@ -58,6 +58,11 @@ PAIR_GROUPS = 2
 # one row per piece (64 blocks) against 152.0 balanced (63 blocks): no partials, no second query
 # staging, no combine work; at 128 x 8192 x 128, two rows per piece (+2.8%): 548.0 against 560.4.
 PAIR_SNAP = 1 / 32
+# A CTA alone (up to 64 query rows, bf16/fp16 cache) runs as a cluster of two with its neighbour piece:
+# where the schedule cuts one row exactly into pieces 2k and 2k + 1 (equal rows of L blocks over about
+# 2 x batch pieces, e.g. 64 rows on 132 SMs), the two CTAs merge the row in shared memory
+# (mla_decoding_split_kv.cuh, merge_row_halves) instead of writing float32 partials for the combine.
+MERGE_ROW_HALVES = True
 # A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
 # CTA streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
 # (tilegym/ops/schedule.py, segment_cost). From session 24's H200 sweep of the mixed-length suite
@@ -237,18 +242,23 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False) -> CudaKernel:
+def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False, merge: bool = False) -> CudaKernel:
     """The wgmma split kernel for ``dtype`` (bf16 or fp16) queries; ``pair``: the two 64-row groups of a
-    piece as a cluster (PAIR_GROUPS); ``fp8``: a per-tensor fp8 cache (else the cache is ``dtype``)."""
+    piece as a cluster (PAIR_GROUPS); ``fp8``: a per-tensor fp8 cache (else the cache is ``dtype``);
+    ``merge``: pieces in clusters of two that merge a row they split (MERGE_ROW_HALVES; one group, bf16/fp16)."""
+    if merge and (pair or fp8):
+        raise ValueError("the row-halves merge runs one 64-row group of a bf16/fp16 cache")
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
-    return CudaKernel(HEADER, KERNEL, (ctype, 2 if pair else 1, int(fp8)), (*pointers, *SPLIT_PARAMS))
+    template = (ctype, 2 if pair else 1, int(fp8), int(merge))
+    return CudaKernel(HEADER, KERNEL, template, (*pointers, *SPLIT_PARAMS))
 
 
 @functools.cache
 def combine_kernel(dtype: torch.dtype) -> CudaKernel:
     """The combine kernel writing ``dtype`` output."""
-    params = ("const float*", "const float*", "const int*", "int", f"{C_TYPES[dtype]}*", "float*", "int", "int", "int")
+    params = ("const float*", "const float*", "const int*", "const int*", "const int*", "int")
+    params += (f"{C_TYPES[dtype]}*", "float*", "int", "int", "int")
     return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), params)
 
 
@@ -280,9 +290,21 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
     kernels = [split_kernel(d, pair, fp8) for d in C_TYPES for pair in (False, True) for fp8 in (False, True)]
+    kernels += [split_kernel(d, merge=True) for d in C_TYPES]
     kernels += [combine_kernel(d) for d in C_TYPES]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
+
+
+def rows_merged_in_pairs(schedule: SplitSchedule) -> list[bool]:
+    """Which batch rows the row-halves kernel merges itself: those cut exactly into pieces 2k and 2k + 1
+    (the test of merge_row_halves' callers and of the combine). Reads the schedule back (a sync): for
+    tests."""
+    bounds = schedule.piece_bounds.tolist()
+    cum = schedule.cum_blocks.tolist()
+    first, last = schedule.row_pieces.tolist()
+    pairs = [(f, f + 2) if end == f + 1 and f % 2 == 0 else None for f, end in zip(first, last, strict=True)]
+    return [p is not None and (bounds[p[0]], bounds[p[1]]) == (cum[b], cum[b + 1]) for b, p in enumerate(pairs)]
 
 
 def _arch_reasons(call: MLADecodeCall) -> list[str]:
@@ -358,7 +380,7 @@ def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
     """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache,
     else the wgmma kernel (its fp8 variant for more rows of a per-tensor fp8 cache)."""
     if call.kv_format not in FP8_FORMATS:
-        return split_kernel(call.q.dtype, pair)
+        return split_kernel(call.q.dtype, pair, merge=MERGE_ROW_HALVES and not pair)
     if call.query_rows <= FP8_MAX_QUERY_ROWS:
         return fp8_split_kernel(call.q.dtype, call.kv_format)
     return split_kernel(call.q.dtype, pair, fp8=True)
@@ -445,6 +467,7 @@ class CutlassDecodePlan:
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
         self.groups = groups = cdiv(call.query_rows, self.rows_per_cta)
+        self.merge = self._merges_row_halves()
         self.device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
         shape = schedule_shape(
             call,
@@ -488,7 +511,8 @@ class CutlassDecodePlan:
             call.sm_scale * LOG2E,
         )
         self._workspace = (self.part_out.data_ptr(), self.part_lse.data_ptr())
-        self._combine_schedule = (*self._workspace, s.row_pieces.data_ptr(), call.batch)
+        merge_tables = (s.piece_bounds.data_ptr(), s.cum_blocks.data_ptr()) if self.merge else (0, 0)
+        self._combine_schedule = (*self._workspace, s.row_pieces.data_ptr(), *merge_tables, call.batch)
         per_cta = combine_rows_per_cta(rows, call.batch, multiprocessor_count(call.device))
         self._combine_sizes = (rows, int(call.return_lse), per_cta)
         grid = (shape.programs, groups, 1)
@@ -498,7 +522,7 @@ class CutlassDecodePlan:
             grid,
             (self.threads, 1, 1),
             self._shared_bytes(),
-            early_start=self.early_split and groups != PAIR_GROUPS,
+            early_start=self.early_split and groups != PAIR_GROUPS and not self.merge,
         )
         combine = combine_kernel(call.q.dtype)
         self._launch_combine = combine.bind(
@@ -509,11 +533,22 @@ class CutlassDecodePlan:
         )
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS)
+        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge)
+
+    def _merges_row_halves(self) -> bool:
+        """Whether this plan runs the row-halves kernel: one 64-row group of a bf16/fp16 cache."""
+        return MERGE_ROW_HALVES and self.groups == 1 and self.call.kv_format not in FP8_FORMATS
 
     def _one_wave(self, shape: ScheduleShape) -> ScheduleShape:
-        """``shape`` with no more pieces than pairs of CTAs the GPU runs at once (clusters need both
-        SMs in one GPC, which some SM counts do not allow for every SM): the pieces stay one wave."""
+        """``shape`` with no more pieces than CTAs of whole clusters the GPU runs at once (clusters need
+        their SMs in one GPC, which some SM counts do not allow for every SM): the pieces stay one wave.
+        The row-halves kernel's clusters take pieces two by two: an even count."""
+        if self.merge:
+            if shape.fixed_blocks is not None:  # fixed pieces: as many as they take, plus an empty one
+                return dataclasses.replace(shape, programs=2 * cdiv(shape.programs, 2))
+            grid, block = (2 * cdiv(shape.programs, 2), 1, 1), (self.threads, 1, 1)
+            fit = self._split_kernel().max_active_clusters(self.device_index, grid, block, self._shared_bytes())
+            return dataclasses.replace(shape, programs=2 * max(1, min(shape.programs // 2, fit)))
         if self.groups != PAIR_GROUPS or shape.fixed_blocks is not None:
             return shape
         grid, block = (shape.programs, self.groups, 1), (self.threads, 1, 1)

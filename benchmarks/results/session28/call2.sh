@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Session 28, device call 2: the row-halves merge (cutlass, MERGE_ROW_HALVES: a CTA alone runs as a cluster
+# of two pieces, and a row cut exactly into pieces 2k and 2k + 1 is merged in distributed shared memory
+# instead of going through float32 partials and the combine). The cutlass GPU tests first (the new ones and
+# every old one now running the cluster kernel), then every GPU test, then a same-process timeline A/B
+# (merge off, on, on, off per shape) of the deepseek, many-heads and mixed suites, bf16.
+#
+#   bash benchmarks/results/session28/call2.sh   # device: carry [".cache/tilecpp"]
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+root=$PWD
+export TILEGYM_CACHE_DIR=$root/.cache/tilecpp
+source benchmarks/results/session21/step.sh
+step 1-cutlass-tests 150 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 4 -rfEs -x tests/test_cutlass_backend.py
+step 2-timeline 240 "$root" python3 benchmarks/timeline.py --backend cutlass --suites deepseek,many-heads,mixed \
+    --merge 0 --merge 1 --merge 1 --merge 0
+step 3-gpu-tests 200 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 4 -rfEs tests
