@@ -321,17 +321,17 @@ def test_equal_rows_are_not_cut_by_a_cluster_pairs_pieces() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("heads", "q_len"), [(16, 1), (64, 1), (16, 4)])
 def test_equal_rows_halved_are_merged_in_shared_memory(dtype: torch.dtype, heads: int, q_len: int) -> None:
-    """64 equal rows of 16 blocks on 132 SMs: pieces of 8 blocks, so pieces 2k and 2k + 1 hold row k's
+    """64 equal rows of 16 blocks on about 132 SMs: pieces of 8 blocks, so pieces 2k and 2k + 1 hold row k's
     halves, and each cluster of two merges its row without the combine (MERGE_ROW_HALVES)."""
     g = torch.Generator().manual_seed(heads + q_len)
     x = make_mla_inputs(64, heads, 1024, dtype=dtype, device="cuda", generator=g, q_len=q_len)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, return_lse=True)
     plan = cutlass_mla.plan(call)
     assert plan.merge and plan._split_kernel().instance_name.endswith(", 1, 0, 1>")
-    merged = cutlass_mla.rows_merged_in_pairs(plan.schedule)
-    if plan.schedule.shape.programs != 132:
-        pytest.skip(f"written for 132 SMs (66 clusters of two); this GPU's plan cuts {plan.schedule.shape.programs}")
-    assert all(merged), "every row should be cut into the two pieces of one cluster"
+    programs = plan.schedule.shape.programs
+    if not 128 <= programs <= 136:
+        pytest.skip(f"written for 128-136 pieces (pieces of 8 blocks); this GPU's plan cuts {programs}")
+    assert all(cutlass_mla.rows_merged_in_pairs(plan.schedule)), "each row should be the two pieces of one cluster"
     out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, return_lse=True, backend=BACKEND)
     torch.cuda.synchronize()
     _check(x, out, lse, causal=True, dtype=dtype)
