@@ -320,9 +320,12 @@ def test_equal_rows_are_not_cut_by_a_cluster_pairs_pieces() -> None:
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("heads", "q_len"), [(16, 1), (64, 1), (16, 4)])
-def test_equal_rows_halved_are_merged_in_shared_memory(dtype: torch.dtype, heads: int, q_len: int) -> None:
+def test_equal_rows_halved_are_merged_in_shared_memory(
+    dtype: torch.dtype, heads: int, q_len: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """64 equal rows of 16 blocks on about 132 SMs: pieces of 8 blocks, so pieces 2k and 2k + 1 hold row k's
     halves, and each cluster of two merges its row without the combine (MERGE_ROW_HALVES)."""
+    monkeypatch.setattr(cutlass_mla, "MERGE_ROW_HALVES", True)
     g = torch.Generator().manual_seed(heads + q_len)
     x = make_mla_inputs(64, heads, 1024, dtype=dtype, device="cuda", generator=g, q_len=q_len)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, return_lse=True)
@@ -340,10 +343,11 @@ def test_equal_rows_halved_are_merged_in_shared_memory(dtype: torch.dtype, heads
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("heads", [16, 64])
-def test_rows_merged_in_pairs_beside_rows_for_the_combine(heads: int) -> None:
+def test_rows_merged_in_pairs_beside_rows_for_the_combine(heads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pieces of one block: rows of two blocks that start on an even piece are merged by their cluster,
     the others (one block, three, or two starting on an odd piece) are written whole or go through the
     combine, which must leave the merged rows alone; an empty row gets zeros."""
+    monkeypatch.setattr(cutlass_mla, "MERGE_ROW_HALVES", True)
     lens = (128, 64, 128, 192, 128, 0, 100, 65, 64, 128)
     g = torch.Generator().manual_seed(heads)
     x = make_mla_inputs(len(lens), heads, 192, device="cuda", kv_lens=lens, generator=g)

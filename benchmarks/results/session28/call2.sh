@@ -3,7 +3,8 @@
 # of two pieces, and a row cut exactly into pieces 2k and 2k + 1 is merged in distributed shared memory
 # instead of going through float32 partials and the combine). The cutlass GPU tests first (the new ones and
 # every old one now running the cluster kernel), then every GPU test, then a same-process timeline A/B
-# (merge off, on, on, off per shape) of the deepseek, many-heads and mixed suites, bf16.
+# (merge off, on, on, off per shape) of the deepseek, many-heads and mixed suites, bf16. MERGE_ROW_HALVES is
+# off by default until this call has run: step 1 runs the two tests that turn it on.
 #
 #   bash benchmarks/results/session28/call2.sh   # device: carry [".cache/tilecpp"]
 set -uo pipefail
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/../../.."
 root=$PWD
 export TILEGYM_CACHE_DIR=$root/.cache/tilecpp
 source benchmarks/results/session21/step.sh
-step 1-cutlass-tests 150 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 4 -rfEs -x tests/test_cutlass_backend.py
+step 1-cutlass-tests 150 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 4 -rfEs -x tests/test_cutlass_backend.py -k "merged or halved"
 step 2-timeline 240 "$root" python3 benchmarks/timeline.py --backend cutlass --suites deepseek,many-heads,mixed \
     --merge 0 --merge 1 --merge 1 --merge 0
 step 3-gpu-tests 200 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 4 -rfEs tests

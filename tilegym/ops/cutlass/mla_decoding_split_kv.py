@@ -62,7 +62,9 @@ PAIR_SNAP = 1 / 32
 # where the schedule cuts one row exactly into pieces 2k and 2k + 1 (equal rows of L blocks over about
 # 2 x batch pieces, e.g. 64 rows on 132 SMs), the two CTAs merge the row in shared memory
 # (mla_decoding_split_kv.cuh, merge_row_halves) instead of writing float32 partials for the combine.
-MERGE_ROW_HALVES = True
+# Off until it has run on a GPU (session 28 built it; its tests and timeline A/B are
+# benchmarks/results/session28/call2.sh); the GPU tests turn it on.
+MERGE_ROW_HALVES = False
 # A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
 # CTA streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
 # (tilegym/ops/schedule.py, segment_cost). From session 24's H200 sweep of the mixed-length suite
