@@ -2,8 +2,8 @@
 # Session 28, device call 2: the row-halves merge (cutlass, MERGE_ROW_HALVES: a CTA alone runs as a cluster
 # of two pieces, and a row cut exactly into pieces 2k and 2k + 1 is merged in distributed shared memory
 # instead of going through float32 partials and the combine). The two GPU tests that turn it on first,
-# then a same-process timeline A/B
-# (merge off, on, on, off per shape) of the deepseek, many-heads and mixed suites, bf16. MERGE_ROW_HALVES is
+# then a same-process timeline A/B, then every GPU test
+# (merge off, on, on, off per shape: deepseek, many-heads and mixed suites, bf16). MERGE_ROW_HALVES is
 # off by default until this call has run: step 1 runs the two tests that turn it on.
 #
 #   bash benchmarks/results/session28/call2.sh   # device: carry [".cache/tilecpp"]
