@@ -100,10 +100,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   }
 }
 
-// Programmatic dependent launch (sm_90): a split kernel lets the next kernel of its stream (the
-// combine, launched with programmatic stream serialization) start once every CTA has said so; the
-// combine waits for the split grid to finish, and its writes to be visible, before it reads them.
-// Both are no-ops in a launch without that attribute.
 // Distributed shared memory (clusters): the address of the same shared variable in CTA `rank` of the
 // cluster, a float store there, an arrival on an mbarrier there (ordered after this thread's earlier
 // stores, cluster scope), a wait on a local mbarrier that remote CTAs arrive on, and the cluster's
@@ -139,6 +135,10 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+// Programmatic dependent launch (sm_90): a split kernel lets the next kernel of its stream (the
+// combine, launched with programmatic stream serialization) start once every CTA has said so; the
+// combine waits for the split grid to finish, and its writes to be visible, before it reads them.
+// Both are no-ops in a launch without that attribute.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 

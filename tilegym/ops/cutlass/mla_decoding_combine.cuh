@@ -126,8 +126,8 @@ __device__ __forceinline__ float row_lse(float m, float total) {
 template <typename TOut>
 __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_decode_cute_combine_kernel(
     const float* __restrict__ part_out, const float* __restrict__ part_lse, const int* __restrict__ row_pieces,
-    const int* __restrict__ merge_bounds, const int* __restrict__ merge_cum, int batch, TOut* __restrict__ out, float* __restrict__ out_lse, int query_rows,
-    int write_lse, int rows_per_cta) {
+    const int* __restrict__ merge_bounds, const int* __restrict__ merge_cum, int batch, TOut* __restrict__ out,
+    float* __restrict__ out_lse, int query_rows, int write_lse, int rows_per_cta) {
   using namespace tilegym_cute_combine;
   constexpr int D = 512;
   __shared__ float s_acc[kWarps][D];  // the wide-row merge: each warp's sums, its max and its total

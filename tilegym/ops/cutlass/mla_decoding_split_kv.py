@@ -298,6 +298,11 @@ def all_kernels() -> list[CudaKernel]:
     return kernels
 
 
+def merges_row_halves(call: MLADecodeCall) -> bool:
+    """Whether ``call`` runs the row-halves kernel (MERGE_ROW_HALVES): one 64-row group of a bf16/fp16 cache."""
+    return MERGE_ROW_HALVES and call.kv_format not in FP8_FORMATS and call.query_rows <= ROWS_PER_CTA
+
+
 def rows_merged_in_pairs(schedule: SplitSchedule) -> list[bool]:
     """Which batch rows the row-halves kernel merges itself: those cut exactly into pieces 2k and 2k + 1
     (the test of merge_row_halves' callers and of the combine). Reads the schedule back (a sync): for
@@ -382,7 +387,7 @@ def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
     """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache,
     else the wgmma kernel (its fp8 variant for more rows of a per-tensor fp8 cache)."""
     if call.kv_format not in FP8_FORMATS:
-        return split_kernel(call.q.dtype, pair, merge=MERGE_ROW_HALVES and not pair)
+        return split_kernel(call.q.dtype, pair, merge=merges_row_halves(call))
     if call.query_rows <= FP8_MAX_QUERY_ROWS:
         return fp8_split_kernel(call.q.dtype, call.kv_format)
     return split_kernel(call.q.dtype, pair, fp8=True)
@@ -469,7 +474,7 @@ class CutlassDecodePlan:
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
         self.groups = groups = cdiv(call.query_rows, self.rows_per_cta)
-        self.merge = self._merges_row_halves()
+        self.merge = merges_row_halves(call)
         self.device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
         shape = schedule_shape(
             call,
@@ -536,10 +541,6 @@ class CutlassDecodePlan:
 
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge)
-
-    def _merges_row_halves(self) -> bool:
-        """Whether this plan runs the row-halves kernel: one 64-row group of a bf16/fp16 cache."""
-        return MERGE_ROW_HALVES and self.groups == 1 and self.call.kv_format not in FP8_FORMATS
 
     def _one_wave(self, shape: ScheduleShape) -> ScheduleShape:
         """``shape`` with no more pieces than CTAs of whole clusters the GPU runs at once (clusters need
