@@ -15,7 +15,7 @@ another source tree too, swapped as ``ab_trees.py`` does (its cubins built with 
 sequence length (pieces that never cut a row of a full-length batch); default: the backend's choice.
 ``--segment-cost`` (repeatable): the schedule's cost of a segment start in tokens (the backend module's
 ``SEGMENT_COST_TOKENS`` and its variants), each value timed in turn. ``--merge`` (repeatable, cutlass):
-``MERGE_ROW_HALVES`` off (0) or on (1) for the plans made after, each value timed in turn.
+``MERGE_MIN_QUERY_ROWS`` (0: never) for the plans made after, each value timed in turn.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--split", action="append", default=[], help="kv_len_per_split: tokens, or Nrow")
     ap.add_argument("--combine-rows", type=int, help="cutlass: most query rows per combine CTA")
     ap.add_argument("--segment-cost", type=int, action="append", default=[], help="segment start, tokens")
-    ap.add_argument("--merge", type=int, action="append", default=[], help="cutlass: MERGE_ROW_HALVES (0/1)")
+    ap.add_argument("--merge", type=int, action="append", default=[], help="cutlass: MERGE_MIN_QUERY_ROWS (0: never)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
@@ -157,7 +157,7 @@ def main() -> None:
                             set_segment_cost(a.backend, cost)
                         if merge is not None:
                             cutlass = importlib.import_module("tilegym.ops.cutlass.mla_decoding_split_kv")
-                            cutlass.MERGE_ROW_HALVES = bool(merge)
+                            cutlass.MERGE_MIN_QUERY_ROWS = merge or None
                         try:
                             plan = bench.make_plan(a.backend, data, tokens)
                         except Exception as exc:  # a shape this backend does not serve

@@ -324,8 +324,8 @@ def test_equal_rows_halved_are_merged_in_shared_memory(
     dtype: torch.dtype, heads: int, q_len: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """64 equal rows of 16 blocks on about 132 SMs: pieces of 8 blocks, so pieces 2k and 2k + 1 hold row k's
-    halves, and each cluster of two merges its row without the combine (MERGE_ROW_HALVES)."""
-    monkeypatch.setattr(cutlass_mla, "MERGE_ROW_HALVES", True)
+    halves, and each cluster of two merges its row without the combine (forced from one query row)."""
+    monkeypatch.setattr(cutlass_mla, "MERGE_MIN_QUERY_ROWS", 1)
     g = torch.Generator().manual_seed(heads + q_len)
     x = make_mla_inputs(64, heads, 1024, dtype=dtype, device="cuda", generator=g, q_len=q_len)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, return_lse=True)
@@ -347,7 +347,7 @@ def test_rows_merged_in_pairs_beside_rows_for_the_combine(heads: int, monkeypatc
     """Pieces of one block: rows of two blocks that start on an even piece are merged by their cluster,
     the others (one block, three, or two starting on an odd piece) are written whole or go through the
     combine, which must leave the merged rows alone; an empty row gets zeros."""
-    monkeypatch.setattr(cutlass_mla, "MERGE_ROW_HALVES", True)
+    monkeypatch.setattr(cutlass_mla, "MERGE_MIN_QUERY_ROWS", 1)
     lens = (128, 64, 128, 192, 128, 0, 100, 65, 64, 128)
     g = torch.Generator().manual_seed(heads)
     x = make_mla_inputs(len(lens), heads, 192, device="cuda", kv_lens=lens, generator=g)

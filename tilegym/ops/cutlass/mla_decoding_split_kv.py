@@ -62,9 +62,11 @@ PAIR_SNAP = 1 / 32
 # where the schedule cuts one row exactly into pieces 2k and 2k + 1 (equal rows of L blocks over about
 # 2 x batch pieces, e.g. 64 rows on 132 SMs), the two CTAs merge the row in shared memory
 # (mla_decoding_split_kv.cuh, merge_row_halves) instead of writing float32 partials for the combine.
-# Off until it has run on a GPU (session 28 built it; its tests and timeline A/B are
-# benchmarks/results/session28/call2.sh); the GPU tests turn it on.
-MERGE_ROW_HALVES = False
+# It runs from this many query rows (H x Q; None: never). Session 29's same-process A/B on an H100
+# (profiler timeline, period per call, benchmarks/NOTES_cutlass.md "Session 29"): 124.4 -> 116.0 us at
+# 64 x 4096 x 64, but 16 heads got slower (31.1 -> 37.1 at 1 x 32768, 10.6 -> 13.4 at 4 x 1024, +2% at
+# 64 x 4096): the cluster launch gives up the combine's programmatic dependent launch.
+MERGE_MIN_QUERY_ROWS: int | None = 64
 # A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
 # CTA streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
 # (tilegym/ops/schedule.py, segment_cost). From session 24's H200 sweep of the mixed-length suite
@@ -247,7 +249,7 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False, merge: bool = False) -> CudaKernel:
     """The wgmma split kernel for ``dtype`` (bf16 or fp16) queries; ``pair``: the two 64-row groups of a
     piece as a cluster (PAIR_GROUPS); ``fp8``: a per-tensor fp8 cache (else the cache is ``dtype``);
-    ``merge``: pieces in clusters of two that merge a row they split (MERGE_ROW_HALVES; one group, bf16/fp16)."""
+    ``merge``: pieces in clusters of two that merge a row they split (MERGE_MIN_QUERY_ROWS; one group, bf16/fp16)."""
     if merge and (pair or fp8):
         raise ValueError("the row-halves merge runs one 64-row group of a bf16/fp16 cache")
     ctype = C_TYPES[dtype]
@@ -299,8 +301,10 @@ def all_kernels() -> list[CudaKernel]:
 
 
 def merges_row_halves(call: MLADecodeCall) -> bool:
-    """Whether ``call`` runs the row-halves kernel (MERGE_ROW_HALVES): one 64-row group of a bf16/fp16 cache."""
-    return MERGE_ROW_HALVES and call.kv_format not in FP8_FORMATS and call.query_rows <= ROWS_PER_CTA
+    """Whether ``call`` runs the row-halves kernel: one group of MERGE_MIN_QUERY_ROWS to 64 query rows
+    reading a bf16/fp16 cache."""
+    low = MERGE_MIN_QUERY_ROWS
+    return low is not None and call.kv_format not in FP8_FORMATS and low <= call.query_rows <= ROWS_PER_CTA
 
 
 def rows_merged_in_pairs(schedule: SplitSchedule) -> list[bool]:
