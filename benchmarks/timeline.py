@@ -121,7 +121,12 @@ def main() -> None:
     ap.add_argument("--combine-rows", type=int, help="cutlass: most query rows per combine CTA")
     ap.add_argument("--segment-cost", type=int, action="append", default=[], help="segment start, tokens")
     ap.add_argument("--merge", type=int, action="append", default=[], help="cutlass: MERGE_MIN_QUERY_ROWS (0: never)")
+    ap.add_argument("--early-merge-split", action="store_true", help="cutlass: the row-halves kernel as a PDL")
     a = ap.parse_args()
+    if a.early_merge_split:
+        from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+
+        cutlass_mla.CutlassDecodePlan.early_merge_split = True
     dev = torch.device("cuda")
     kv = torch.float8_e4m3fn if a.kv == "fp8" else torch.bfloat16
     cfg = bench.BenchConfig(

@@ -471,6 +471,8 @@ class CutlassDecodePlan:
     # previous kernel (the last call's combine, say) ends, and wait on the device before reading anything
     # (session 23 A/B: 1-2% faster at 16 heads; a cluster pair was no faster, 5% slower with fp8 caches).
     early_split = True
+    # The row-halves kernel (a cluster of two) as a programmatic dependent launch as well.
+    early_merge_split = False
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
     min_blocks = 1
@@ -533,7 +535,7 @@ class CutlassDecodePlan:
             grid,
             (self.threads, 1, 1),
             self._shared_bytes(),
-            early_start=self.early_split and groups != PAIR_GROUPS and not self.merge,
+            early_start=self.early_split and groups != PAIR_GROUPS and (self.early_merge_split or not self.merge),
         )
         combine = combine_kernel(call.q.dtype)
         self._launch_combine = combine.bind(
