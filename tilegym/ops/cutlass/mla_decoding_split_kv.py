@@ -471,7 +471,9 @@ class CutlassDecodePlan:
     # previous kernel (the last call's combine, say) ends, and wait on the device before reading anything
     # (session 23 A/B: 1-2% faster at 16 heads; a cluster pair was no faster, 5% slower with fp8 caches).
     early_split = True
-    # The row-halves kernel (a cluster of two) as a programmatic dependent launch as well.
+    # The row-halves kernel (a cluster of two) as a programmatic dependent launch as well: off, as it gained
+    # nothing at 64 rows (session 29, H100 timeline: 116.0 -> 115.5 us at 64 x 4096 x 64, 115.7 -> 116.1 at
+    # Q = 4) and left the kernel slower than a CTA alone at 16 rows (4 x 1024: 11.6 against 10.6).
     early_merge_split = False
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
