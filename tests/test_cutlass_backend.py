@@ -41,6 +41,19 @@ def test_fp8_cache_at_many_heads_is_taken_by_the_wgmma_kernel() -> None:
     assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1, 0>"  # dtype, kPair, kFp8, kMerge
 
 
+@pytest.mark.parametrize(
+    ("heads", "q_len", "kv_dtype", "merged"),
+    [(64, 1, None, True), (16, 4, None, True), (16, 2, None, False), (16, 1, None, False), (128, 1, None, False)]
+    + [(64, 1, torch.float8_e4m3fn, False)],
+)
+def test_row_halves_kernel_serves_64_query_rows_of_a_16_bit_cache(heads, q_len, kv_dtype, merged: bool) -> None:
+    """The row-halves kernel (a cluster of two pieces) runs for one group of 64 query rows; 16 heads, where it
+    measured slower, and cluster pairs and fp8 caches keep their kernels."""
+    call = _call(heads, q_len, kv_dtype=kv_dtype)
+    assert cutlass_mla.merges_row_halves(call) is merged
+    assert cutlass_mla._split_kernel_of(call).instance_name.endswith(", 1>" if merged else ", 0>")
+
+
 def test_other_head_dims_are_refused_with_a_reason() -> None:
     reasons = cutlass_mla.supports(_call(16, head_dim=128, rope_dim=32))
     assert reasons == ["cutlass supports D=512, P=64, got D=128, P=32"]
