@@ -5,6 +5,8 @@
 # then a same-process timeline A/B, then every GPU test
 # (merge off, on, on, off per shape: deepseek, many-heads and mixed suites, bf16). MERGE_ROW_HALVES is
 # off by default until this call has run: step 1 runs the two tests that turn it on.
+# (Session 29 replaced MERGE_ROW_HALVES by MERGE_MIN_QUERY_ROWS: `--merge 1` now means from one query row,
+# which is what `on` meant here; the tests set it to 1.)
 #
 #   bash benchmarks/results/session28/call2.sh   # device: carry [".cache/tilecpp"]
 set -uo pipefail
