@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 31, device call 4 (H200): Triton's fp8 per-tensor configs at 16 query rows since the byte
+# Session 31, device call 4 (meant for the H200; it ran on an H100): Triton's fp8 per-tensor configs at 16 query rows since the byte
 # pairs (session 14 swept only 4-warp configs with them): 8 warps, longer steps, more stages, against
 # the default n64 w4 s3 f, each checked against float64.
 #

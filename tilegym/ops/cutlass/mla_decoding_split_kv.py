@@ -66,7 +66,8 @@ PAIR_SNAP = 1 / 32
 # (profiler timeline, period per call, benchmarks/NOTES_cutlass.md "Session 29"): 124.4 -> 116.0 us at
 # 64 x 4096 x 64, but 16 heads got slower (31.1 -> 37.1 at 1 x 32768, 10.6 -> 13.4 at 4 x 1024, +2% at
 # 64 x 4096): the cluster launch and the exchange cost more than the partials they save there. On the
-# H200 (session 31) 64 x 4096 x 64 gains less, 92.4-92.5 -> 90.3-90.5 us: the partials cost less at its bandwidth.
+# H200 (session 31) 64 x 4096 x 64 gains less, 92.4-92.5 -> 90.3-90.5 us (likely: the partials cost
+# less at its bandwidth; not measured).
 MERGE_MIN_QUERY_ROWS: int | None = 64
 # A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
 # CTA streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
