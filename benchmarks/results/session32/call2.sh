@@ -3,6 +3,8 @@
 # Triton's fp8 kernel at 16 query rows with its scores by fp8 MMA on the tile as it lies in shared
 # memory (configs ending in `m`; S^T = K Q^T, the query split into two e4m3 parts, only V widened)
 # against the default (n64 w4 s3 f, byte pairs for both operands) and session 31's candidates.
+# The `m` configs exist only with variants/triton-fp8-mma-scores.patch applied (`git apply`); the
+# variant lost (NOTES_triton.md, "Session 32") and is not in the tree.
 #
 #   bash benchmarks/results/session32/call2.sh   # device: carry [".cache/tilecpp"]
 set -uo pipefail
