@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,23 @@ def test_report_says_how_a_sample_was_timed(tmp_path: Path) -> None:
     rewritten = old_json.with_suffix(".md").read_text()
     assert "running each of the `sets` input sets once (calls not recorded)" in rewritten
     assert "a graph of `calls` calls" not in rewritten
+
+
+def test_host_time_stops_at_its_budget_for_slow_calls() -> None:
+    """Back-to-back host timing runs every asked call when calls are quick, and stops after its time
+    budget when each takes a while (the torch reference over one-token pages took ~0.5 s a call)."""
+    counted = []
+    quick_us = bench.host_us_per_call(lambda: counted.append(1), torch.device("cpu"), calls=50, budget_s=10.0)
+    assert len(counted) == 3 + 50 and quick_us < 1e5  # three warm-up calls, then all 50
+
+    slow = []
+
+    def sleepy() -> None:
+        slow.append(1)
+        time.sleep(0.02)
+
+    start = time.perf_counter()
+    slow_us = bench.host_us_per_call(sleepy, torch.device("cpu"), calls=1000, budget_s=0.1)
+    assert time.perf_counter() - start < 2.0
+    assert 3 + 1 <= len(slow) <= 3 + 10  # ~5 timed calls fill 0.1 s, far from 1000
+    assert 0.02e6 <= slow_us < 0.1e6  # each call's own 20 ms, not the budget spread over 1000 calls

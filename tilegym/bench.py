@@ -70,6 +70,9 @@ ROTATE_BYTES = 256 << 20  # rotate input sets until together they exceed this (H
 MAX_INPUT_SETS = 64
 CHECK_ROWS = 4  # batch rows compared with the float64 oracle (rows are independent)
 HOST_CALLS = 200  # back-to-back eager calls timed on the host
+# ... or fewer, once they have taken this long: the torch reference over pages of one token, at 0.08-0.6 s
+# per call on the H200 (session 32's logs), would otherwise spend about 20-140 s per shape here.
+HOST_BUDGET_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -339,19 +342,24 @@ def check_result(run: Callable[[], object], data: ShapeData, tolerance: float) -
     return err, ""
 
 
-def host_us_per_call(run: Callable[[], object], device: torch.device, calls: int) -> float:
-    """Wall time per call of ``calls`` back-to-back eager calls, without waiting for the GPU in between."""
+def host_us_per_call(
+    run: Callable[[], object], device: torch.device, calls: int, budget_s: float = HOST_BUDGET_S
+) -> float:
+    """Wall time per call of ``calls`` back-to-back eager calls, without waiting for the GPU in between;
+    fewer (at least one) once they have taken ``budget_s``."""
     for _ in range(3):
         run()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    for _ in range(calls):
+    done, elapsed = 0, 0.0
+    while done < calls and (done == 0 or elapsed < budget_s):
         run()
-    elapsed = time.perf_counter() - start
+        done += 1
+        elapsed = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return elapsed / calls * 1e6
+    return elapsed / done * 1e6
 
 
 def plan_host_us(backend: str, data: ShapeData, split: int | None, device: torch.device) -> float:
@@ -569,7 +577,8 @@ def markdown_report(title: str, env: dict[str, str], ceilings: Ceilings, rows: S
         "- us: median per call of CUDA-graph-replayed planned calls (mode column), combine included; "
         + _sample_description(rows)
         + " ± us: p75 - p25 of the samples. host us: wall time per call of back-to-back eager calls with "
-        "a plan (no plan: the same without one); plan us: host time of plan_mla_decoding. Bytes and "
+        f"a plan ({HOST_CALLS} calls, or fewer once they take {HOST_BUDGET_S:g} s; no plan: the same "
+        "without one); plan us: host time of plan_mla_decoding. Bytes and "
         "FLOPs count the tokens present. % roofline = floor / time, floor = max(bytes / copy BW, "
         "FLOPs / matmul rate). auto: the backend `auto` picks for the shape.",
         "",
