@@ -107,7 +107,11 @@ def test_every_variant_is_listed_for_precompile() -> None:
     fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}>")  # fp8_ds_mla: bf16 queries only
     assert names == sorted(
         [
-            *(f"{cutlass_mla.COMBINE_KERNEL}<{ctype}>" for ctype in ("__half", "__nv_bfloat16")),
+            *(
+                f"{cutlass_mla.COMBINE_KERNEL}<{part}, {ctype}>"
+                for part in ("float", "__half")  # fp16: the 16-row kernel's per-tensor fp8 partials
+                for ctype in ("__half", "__nv_bfloat16")
+            ),
             *(
                 f"{cutlass_mla.KERNEL}<{c}, {pair}, {fp8_cache}, 0>"
                 for c in ("__half", "__nv_bfloat16")

@@ -1,8 +1,8 @@
 // Combine of the split schedule's partials (second stage of mla_decoding_split_kv.cuh), plain CUDA.
 //
 // One CTA of 4 warps = batch row b (blockIdx.y) and rows_per_cta query rows (blockIdx.x); lane l of a
-// warp owns columns 128 j + 4 l .. + 3 (j < 4) of the 512, so each float4 load of a warp reads 512
-// contiguous bytes. The host picks rows_per_cta (mla_decoding_split_kv.py, combine_rows_per_cta): as
+// warp owns columns 128 j + 4 l .. + 3 (j < 4) of the 512, so each load of a warp reads 512 (float32
+// partials) or 256 (fp16 partials) contiguous bytes. The host picks rows_per_cta (mla_decoding_split_kv.py, combine_rows_per_cta): as
 // few CTAs as fill about one wave, each paying its start, schedule reads and wait once, but at most a
 // row per warp where the grid would be larger (a warp's rows run one after another). Row b's segments
 // sit in the consecutive work slots row_pieces[0][b] + b .. row_pieces[1][b] + b (tilegym/ops/schedule.py);
@@ -16,10 +16,12 @@
 //   and merge their sums through shared memory, so a row costs count / 4 slots of latency, not count.
 // A fold takes kSlotsAtOnce slots per round (all their loads issued before any is used) into a running
 // max and rescaled float32 sums:
-//   out[r, d] = sum_s exp(lse[s, r] - max) * partial[s, r, d] / sum_s exp(lse[s, r] - max),
+//   out[r, d] = scale * sum_s exp(lse[s, r] - max) * partial[s, r, d] / sum_s exp(lse[s, r] - max),
 // the same merge as the Tile C++ combine (tilegym/ops/tilecpp/common.cuh, LseMerge). A slot with
 // lse -inf (a query row that saw no token there) weighs nothing and its partial is never used;
 // NaN in a live slot gives NaN. A row with no segment (length 0) gets zeros and lse -inf.
+// TPart: float32 partials, or fp16 ones that the fp8 kernel stores before the per-tensor cache scale
+// (part_scale, one float on the device; null: 1) is applied, so they stay within e4m3's 448.
 //
 // Launched with programmatic stream serialization after the split kernel (which allows it at its
 // start): the CTA reads the schedule while the split kernel still runs, then waits for that grid to
@@ -27,7 +29,8 @@
 // kernel: the next work on the stream sees both kernels' writes. It allows the next kernel's launch at
 // its start (the next call's split kernel waits on the device before reading anything).
 //
-// Memory traffic per query row: count * (512 + 1) * 4 B read, 512 * sizeof(TOut) B written (+ 4 B lse).
+// Memory traffic per query row: count * (512 * sizeof(TPart) + 4) B read, 512 * sizeof(TOut) B written
+// (+ 4 B lse).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,6 +48,15 @@ inline constexpr int kChunks = 4;    // float4 chunks per lane: 4 chunks x 32 la
 inline constexpr int kWideRow = 4;  // more segments than this: the CTA's 4 warps share each row
 inline constexpr int kCtasPerSm = 6;  // the register cap (80) that the host's one-wave grid assumes
 
+// Four consecutive partial columns as floats (float32 partials, or fp16 ones: 8-byte loads).
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // A warp's fold of some of a row's partials: running max m (natural log), sum of exp(lse - m), and the
 // rescaled sums of this lane's 16 columns.
 struct Fold {
@@ -55,7 +67,8 @@ struct Fold {
 
 // Folds slots i = begin, begin + step, ... < count of the row whose first slot row is first_row (slot s
 // of the row at first_row + s * slot_stride floats of lse, that times 512 of partials).
-__device__ __forceinline__ Fold fold_slots(const float* __restrict__ part_out, const float* __restrict__ part_lse,
+template <typename TPart>
+__device__ __forceinline__ Fold fold_slots(const TPart* __restrict__ part_out, const float* __restrict__ part_lse,
                                            long long first_row, long long slot_stride, int begin, int step,
                                            int count, int lane) {
   Fold f;
@@ -71,9 +84,9 @@ __device__ __forceinline__ Fold fold_slots(const float* __restrict__ part_out, c
       const long long slot_row = first_row + (live ? i : begin) * slot_stride;
       lse[j] = live ? part_lse[slot_row] : -INFINITY;
       // Loaded whatever lse is (an empty slot's partial may be garbage, even NaN: selected away below).
-      const float* src = part_out + slot_row * 512 + lane * 4;
+      const TPart* src = part_out + slot_row * 512 + lane * 4;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) part[j][c] = *reinterpret_cast<const float4*>(src + c * 128);
+      for (int c = 0; c < kChunks; ++c) part[j][c] = load4(src + c * 128);
     }
     float m_new = f.m;
 #pragma unroll
@@ -110,10 +123,10 @@ __device__ __forceinline__ void store4(__half* p, float4 v) {
   reinterpret_cast<__half2*>(p)[1] = __floats2half2_rn(v.z, v.w);
 }
 
-// out[4 columns] = acc / total (zeros when no partial had a token).
+// out[4 columns] = acc * scale / total (zeros when no partial had a token).
 template <typename TOut>
-__device__ __forceinline__ void store_row4(TOut* p, float4 acc, float total) {
-  const float inv = total == 0.f ? 0.f : 1.f / total;
+__device__ __forceinline__ void store_row4(TOut* p, float4 acc, float total, float scale) {
+  const float inv = total == 0.f ? 0.f : scale / total;
   store4(p, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
 }
 
@@ -123,11 +136,12 @@ __device__ __forceinline__ float row_lse(float m, float total) {
 
 }  // namespace tilegym_cute_combine
 
-template <typename TOut>
+template <typename TPart, typename TOut>
 __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_decode_cute_combine_kernel(
-    const float* __restrict__ part_out, const float* __restrict__ part_lse, const int* __restrict__ row_pieces,
+    const TPart* __restrict__ part_out, const float* __restrict__ part_lse, const int* __restrict__ row_pieces,
     const int* __restrict__ merge_bounds, const int* __restrict__ merge_cum, int batch, TOut* __restrict__ out,
-    float* __restrict__ out_lse, int query_rows, int write_lse, int rows_per_cta) {
+    float* __restrict__ out_lse, int query_rows, int write_lse, int rows_per_cta,
+    const float* __restrict__ part_scale) {
   using namespace tilegym_cute_combine;
   constexpr int D = 512;
   __shared__ float s_acc[kWarps][D];  // the wide-row merge: each warp's sums, its max and its total
@@ -141,6 +155,7 @@ __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_dec
                       merge_bounds[first] == merge_cum[b] && merge_bounds[first + 2] == merge_cum[b + 1];
   tilegym_cutlass::wait_for_previous_grid();  // the partials are the split kernel's output
   if (count == 1 || merged) return;            // the split kernel wrote these rows
+  const float scale = part_scale == nullptr ? 1.f : *part_scale;
   const long long first_slot = (long long)first + b;
   const int r_begin = blockIdx.x * rows_per_cta;
   const int r_end = min(query_rows, r_begin + rows_per_cta);
@@ -150,7 +165,7 @@ __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_dec
       const Fold f = fold_slots(part_out, part_lse, first_slot * query_rows + r, query_rows, 0, 1, count, lane);
       const long long out_row = (long long)b * query_rows + r;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) store_row4(out + out_row * D + c * 128 + lane * 4, f.acc[c], f.total);
+      for (int c = 0; c < kChunks; ++c) store_row4(out + out_row * D + c * 128 + lane * 4, f.acc[c], f.total, scale);
       if (write_lse && lane == 0) out_lse[out_row] = row_lse(f.m, f.total);
     }
     return;
@@ -174,13 +189,13 @@ __global__ void __launch_bounds__(128, tilegym_cute_combine::kCtasPerSm) mla_dec
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       if (s_m[w] == -INFINITY) continue;  // that warp's slots saw no token
-      const float scale = exp2f((s_m[w] - shift) * kLog2e);
+      const float weight = exp2f((s_m[w] - shift) * kLog2e);
       const float4 v = *reinterpret_cast<const float4*>(&s_acc[w][threadIdx.x * 4]);
-      total += scale * s_total[w];
-      acc = make_float4(acc.x + scale * v.x, acc.y + scale * v.y, acc.z + scale * v.z, acc.w + scale * v.w);
+      total += weight * s_total[w];
+      acc = make_float4(acc.x + weight * v.x, acc.y + weight * v.y, acc.z + weight * v.z, acc.w + weight * v.w);
     }
     const long long out_row = (long long)b * query_rows + r;
-    store_row4(out + out_row * D + threadIdx.x * 4, acc, total);
+    store_row4(out + out_row * D + threadIdx.x * 4, acc, total, scale);
     if (write_lse && threadIdx.x == 0) out_lse[out_row] = row_lse(m, total);
     __syncthreads();  // s_acc is rewritten for the next row
   }

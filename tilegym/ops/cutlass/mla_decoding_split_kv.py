@@ -1,7 +1,8 @@
 """Launchers of the cutlass backend's MLA decode over a split schedule (sm_90a), and their plans.
 
 Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persistent CTAs, each taking
-one piece; a segment that is a whole row writes the final output, the others float32 partials.
+one piece; a segment that is a whole row writes the final output, the others partials (float32; fp16
+before the cache scale from the 16-row kernel over a per-tensor fp8 cache).
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
     (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors.
@@ -89,6 +90,7 @@ COMBINE_MAX_ROWS_PER_CTA = 4
 MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
+PARTIAL_C_TYPES = {torch.float32: "float", torch.float16: "__half"}
 MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
 SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, piece bounds, piece rows
@@ -261,11 +263,12 @@ def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False, merg
 
 
 @functools.cache
-def combine_kernel(dtype: torch.dtype) -> CudaKernel:
-    """The combine kernel writing ``dtype`` output."""
-    params = ("const float*", "const float*", "const int*", "const int*", "const int*", "int")
-    params += (f"{C_TYPES[dtype]}*", "float*", "int", "int", "int")
-    return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (C_TYPES[dtype],), params)
+def combine_kernel(dtype: torch.dtype, part_dtype: torch.dtype = torch.float32) -> CudaKernel:
+    """The combine kernel reading ``part_dtype`` partials and writing ``dtype`` output."""
+    part = PARTIAL_C_TYPES[part_dtype]
+    params = (f"const {part}*", "const float*", "const int*", "const int*", "const int*", "int")
+    params += (f"{C_TYPES[dtype]}*", "float*", "int", "int", "int", "const float*")
+    return CudaKernel(COMBINE_HEADER, COMBINE_KERNEL, (part, C_TYPES[dtype]), params)
 
 
 def combine_rows_per_cta(rows: int, batch: int, sms: int) -> int:
@@ -283,9 +286,17 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
     config = FP8_CONFIGS[kv_format] if config is None else config
     ctype = C_TYPES[dtype]
     caches = ("const float*", "const unsigned char*", "const unsigned char*")  # tensor scale, rope, scales
-    pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
+    part = PARTIAL_C_TYPES[fp8_partial_dtype(kv_format)]
+    pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", f"{part}*", "float*")
     template = (ctype, FP8_FORMATS[kv_format], config.stages, config.groups, config.ctas_per_sm, config.chunk)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
+
+
+def fp8_partial_dtype(kv_format: str) -> torch.dtype:
+    """The 16-row fp8 kernel's partials: per-tensor fp8 stores them in fp16 before the cache scale (at
+    most e4m3's 448 in magnitude; the combine applies the scale), halving their bytes; fp8_ds_mla's
+    per-token scales bound nothing, so its partials stay float32."""
+    return torch.float16 if kv_format == "fp8" else torch.float32
 
 
 def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
@@ -297,7 +308,7 @@ def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
     kernels = [split_kernel(d, pair, fp8) for d in C_TYPES for pair in (False, True) for fp8 in (False, True)]
     kernels += [split_kernel(d, merge=True) for d in C_TYPES]
-    kernels += [combine_kernel(d) for d in C_TYPES]
+    kernels += [combine_kernel(d, p) for d in C_TYPES for p in PARTIAL_C_TYPES]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
 
@@ -399,9 +410,16 @@ def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
     return split_kernel(call.q.dtype, pair, fp8=True)
 
 
+def partial_dtype(call: MLADecodeCall) -> torch.dtype:
+    """The dtype of ``call``'s partials: the 16-row fp8 kernel's (``fp8_partial_dtype``), else float32."""
+    if call.kv_format in FP8_FORMATS and call.query_rows <= FP8_MAX_QUERY_ROWS:
+        return fp8_partial_dtype(call.kv_format)
+    return torch.float32
+
+
 def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
     split = _split_kernel_of(call, cdiv(call.query_rows, ROWS_PER_CTA) == PAIR_GROUPS)
-    return (("split", split), ("combine", combine_kernel(call.q.dtype)))
+    return (("split", split), ("combine", combine_kernel(call.q.dtype, partial_dtype(call))))
 
 
 def supports(call: MLADecodeCall) -> list[str]:
@@ -498,7 +516,7 @@ class CutlassDecodePlan:
         shape = self._one_wave(shape)
         self.schedule = s = SplitSchedule(call, shape)
         rows, device = call.query_rows, call.device
-        self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=torch.float32, device=device)
+        self.part_out = torch.empty((shape.slots, rows, HEAD_DIM), dtype=partial_dtype(call), device=device)
         self.part_lse = torch.empty((shape.slots, rows), dtype=torch.float32, device=device)
         table = call.block_table if call.block_table is not None else call.kv_indices
         self._split_schedule = (
@@ -541,7 +559,7 @@ class CutlassDecodePlan:
             self._shared_bytes(),
             early_start=self.early_split and groups != PAIR_GROUPS and (self.early_merge_split or not self.merge),
         )
-        combine = combine_kernel(call.q.dtype)
+        combine = combine_kernel(call.q.dtype, self.part_out.dtype)
         self._launch_combine = combine.bind(
             self.device_index,
             (cdiv(rows, per_cta), call.batch, 1),
@@ -570,6 +588,10 @@ class CutlassDecodePlan:
 
     def _shared_bytes(self) -> int:
         return SHARED_BYTES
+
+    def _partial_scale(self, kv_scale: torch.Tensor | None) -> int:
+        """The combine's last argument: the scale its output still needs (a device float; 0: none)."""
+        return 0
 
     def _segment_cost_tokens(self) -> int:
         return PAIR_SEGMENT_COST_TOKENS if self.groups == PAIR_GROUPS else SEGMENT_COST_TOKENS
@@ -638,7 +660,8 @@ class CutlassDecodePlan:
             *self._scale_pointer(kv_scale),
         )
         self._launch_split(split_args, stream)
-        self._launch_combine((*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes), stream)
+        combine_args = (*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes, self._partial_scale(kv_scale))
+        self._launch_combine(combine_args, stream)
 
 
 class CutlassFp8DecodePlan(CutlassDecodePlan):
@@ -670,6 +693,9 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     def _segment_cost_tokens(self) -> int:
         return FP8_SEGMENT_COST_TOKENS
+
+    def _partial_scale(self, kv_scale: torch.Tensor | None) -> int:
+        return kv_scale.data_ptr() if self.part_out.dtype == torch.float16 else 0
 
     def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return ()  # among the cache pointers
