@@ -20,8 +20,8 @@
 // the same merge as the Tile C++ combine (tilegym/ops/tilecpp/common.cuh, LseMerge). A slot with
 // lse -inf (a query row that saw no token there) weighs nothing and its partial is never used;
 // NaN in a live slot gives NaN. A row with no segment (length 0) gets zeros and lse -inf.
-// TPart: float32 partials, or fp16 ones that the fp8 kernel stores before the per-tensor cache scale
-// (part_scale, one float on the device; null: 1) is applied, so they stay within e4m3's 448.
+// TPart: float32 partials (the wgmma kernel), or fp16 ones (the 16-row fp8 kernel; over a per-tensor
+// fp8 cache stored before its scale, part_scale, one float on the device; null: 1).
 //
 // Launched with programmatic stream serialization after the split kernel (which allows it at its
 // start): the CTA reads the schedule while the split kernel still runs, then waits for that grid to

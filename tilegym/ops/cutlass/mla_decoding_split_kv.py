@@ -2,7 +2,7 @@
 
 Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persistent CTAs, each taking
 one piece; a segment that is a whole row writes the final output, the others partials (float32; fp16
-before the cache scale from the 16-row kernel over a per-tensor fp8 cache).
+from the 16-row fp8 kernel, ``FP8_PARTIAL_DTYPE``).
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
     (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors.
@@ -106,6 +106,11 @@ FP8_MAX_QUERY_ROWS = 16  # one CTA holds every query row (the N of the scores' w
 # More fp8 query rows go to the wgmma kernel's kFp8 variant, which TMA-loads fp8 tokens of 64 bytes: a
 # box must start on a 128-byte boundary in shared memory, so boxes hold at least two tokens.
 FP8_WIDE_MIN_BOX_ROWS = 2
+# The 16-row fp8 kernel's partials: each is a convex combination of V values its mma reads as fp16
+# (per-tensor fp8: e4m3 values, |x| <= 448, before the cache scale, which the combine then applies;
+# fp8_ds_mla: the e4m3 x scale products, fp16 already), so fp16 holds it with 11 significant bits, at
+# half float32's bytes (H100, session 33: 64 x 4096 x 16 fp8 67.5 -> 61.8 us, 128 x 8192 x 16 227.5 -> 214.5).
+FP8_PARTIAL_DTYPE = torch.float16
 FP8_GROUP_THREADS = 128  # one warpgroup
 FP8_MAX_GROUPS = 1024 // FP8_GROUP_THREADS  # warpgroups in a CTA of at most 1024 threads
 
@@ -286,17 +291,10 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
     config = FP8_CONFIGS[kv_format] if config is None else config
     ctype = C_TYPES[dtype]
     caches = ("const float*", "const unsigned char*", "const unsigned char*")  # tensor scale, rope, scales
-    part = PARTIAL_C_TYPES[fp8_partial_dtype(kv_format)]
+    part = PARTIAL_C_TYPES[FP8_PARTIAL_DTYPE]
     pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", f"{part}*", "float*")
     template = (ctype, FP8_FORMATS[kv_format], config.stages, config.groups, config.ctas_per_sm, config.chunk)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
-
-
-def fp8_partial_dtype(kv_format: str) -> torch.dtype:
-    """The 16-row fp8 kernel's partials: per-tensor fp8 stores them in fp16 before the cache scale (at
-    most e4m3's 448 in magnitude; the combine applies the scale), halving their bytes; fp8_ds_mla's
-    per-token scales bound nothing, so its partials stay float32."""
-    return torch.float16 if kv_format == "fp8" else torch.float32
 
 
 def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
@@ -411,9 +409,9 @@ def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
 
 
 def partial_dtype(call: MLADecodeCall) -> torch.dtype:
-    """The dtype of ``call``'s partials: the 16-row fp8 kernel's (``fp8_partial_dtype``), else float32."""
+    """The dtype of ``call``'s partials: the 16-row fp8 kernel's (``FP8_PARTIAL_DTYPE``), else float32."""
     if call.kv_format in FP8_FORMATS and call.query_rows <= FP8_MAX_QUERY_ROWS:
-        return fp8_partial_dtype(call.kv_format)
+        return FP8_PARTIAL_DTYPE
     return torch.float32
 
 
@@ -695,7 +693,8 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         return FP8_SEGMENT_COST_TOKENS
 
     def _partial_scale(self, kv_scale: torch.Tensor | None) -> int:
-        return kv_scale.data_ptr() if self.part_out.dtype == torch.float16 else 0
+        """Per-tensor fp8's scale: the partials hold the cache's unscaled values."""
+        return kv_scale.data_ptr() if self.call.kv_format == "fp8" else 0
 
     def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return ()  # among the cache pointers

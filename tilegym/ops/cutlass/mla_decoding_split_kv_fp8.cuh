@@ -51,9 +51,12 @@
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
 //   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per box when
 //          paged, and R * 16 * 576 * 2 B of queries;
-//   writes per row met 16 * 512 * 2 B of fp16 partial (kPerTensor, before the cache scale) or
-//          16 * 512 * 4 B of float32 partial (kDsMla) + 64 B of lse (a whole row: the output in the
+//   writes per row met 16 * 512 * 2 B of fp16 partial + 64 B of lse (a whole row: the output in the
 //          query dtype, 16 * 512 * 2 B, + lse when asked).
+//
+// Partials are fp16: each is a convex combination of the V values the mma read as fp16, so it
+// stays within their range (|x| <= 448 for kPerTensor, stored before the cache scale, which the
+// combine applies; kDsMla's scaled values are fp16 products already) and keeps 11 significant bits.
 #pragma once
 
 #include <cuda.h>
@@ -227,18 +230,6 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
 __device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
 __device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
 
-// A partial's element type: kPerTensor stores fp16 before the cache scale is applied (a convex
-// combination of e4m3 values, |x| <= 448, so fp16 keeps 11 significant bits; the combine applies the
-// scale), halving the partials' write and read-back; kDsMla's per-token scales leave no such bound.
-template <int kFormat>
-struct Partial {
-  using type = float;
-};
-template <>
-struct Partial<kPerTensor> {
-  using type = __half;
-};
-
 // 16 consecutive columns j = 0..15 of acc[j][k] * f, as two 16-byte stores of 16-bit values.
 template <typename T16>
 __device__ __forceinline__ void store16_columns(T16* dst, const float (&acc)[16][4], int k, float f) {
@@ -351,9 +342,9 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
-    T* __restrict__ out, float* __restrict__ out_lse, typename tilegym_fp8::Partial<kFormat>::type* __restrict__ part_out,
-    float* __restrict__ part_lse, int heads, int q_len, int query_rows, int causal, int write_lse, int paged,
-    int page_size, int num_pages, int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
+    T* __restrict__ out, float* __restrict__ out_lse, __half* __restrict__ part_out, float* __restrict__ part_lse,
+    int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
+    int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
     long long qpe_sq, long long qpe_sh, long long table_sb, long long rope_s0, long long rope_s1, long long scale_s0,
     long long scale_s1, float qk_scale_log2,
     const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
@@ -801,7 +792,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       inv[h] = empty ? 0.f : 1.f / total[h];
       lse[h] = empty ? -INFINITY : (m[h] + log2f(total[h])) * kLn2;
     }
-    // The output carries the cache scale; an fp16 partial does not (the combine applies it).
+    // The output carries kPerTensor's cache scale; a partial does not (the combine applies it).
     const float out_factor = kFormat == kPerTensor ? kv_scale : 1.f;
     // acc[j][2 h + e] is row g + 8 h, column 128 warp + 16 (2 quad + e) + j: 16 consecutive columns.
 #pragma unroll
@@ -813,16 +804,8 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         const int col = 128 * warp + 16 * (2 * quad + e);
         if (whole) {
           store16_columns(out + ((long long)b * query_rows + r) * kD + col, acc, 2 * h + e, inv[h] * out_factor);
-        } else if constexpr (kFormat == kPerTensor) {
-          store16_columns(part_out + (slot * query_rows + r) * kD + col, acc, 2 * h + e, inv[h]);
         } else {
-          float* dst = part_out + (slot * query_rows + r) * kD + col;
-#pragma unroll
-          for (int v = 0; v < 4; ++v) {
-            const int j = 4 * v;
-            reinterpret_cast<float4*>(dst)[v] = make_float4(acc[j][2 * h + e] * inv[h], acc[j + 1][2 * h + e] * inv[h],
-                                                            acc[j + 2][2 * h + e] * inv[h], acc[j + 3][2 * h + e] * inv[h]);
-          }
+          store16_columns(part_out + (slot * query_rows + r) * kD + col, acc, 2 * h + e, inv[h]);
         }
       }
       if (warp == 0 && quad == 0) {
