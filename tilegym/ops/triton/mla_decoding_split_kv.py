@@ -11,7 +11,7 @@ pipelined loop are read as int16 byte pairs on NVIDIA GPUs, see ``_attend_fp8_pa
 a second time for V, from L2, see ``_fp8_operands``.)
 Softmax runs online in float32 (base 2); 16-bit values appear only at loads, stores and
 dot operands. A segment that is a whole row writes the final output and lse; the others
-write float32 partials to their slot, which the combine kernel merges.
+write partials to their slot (``partial_dtype``), which the combine kernel merges.
 
 Cache layouts (constexpr ``LAYOUT``): dense rows, a block table, or a ragged page list;
 ``PAGE_SIZE`` >= ``BLOCK_N`` reads one page id per tile, smaller pages one per token. Page
@@ -278,7 +278,7 @@ def _mla_split_kernel(
     # bytes per token read from DRAM once for all BLOCK_H query rows (fp8 pipelined: the
     # latent once more from L2, for V), plus per row it meets
     # BLOCK_H * (D + P) * 2 bytes of queries, a few schedule integers (+ one page id per tile
-    # or token), and BLOCK_H * D * 4 bytes of partials + BLOCK_H * 4 of lse written (a whole
+    # or token), and BLOCK_H * D * 4 (per-tensor fp8: 2) bytes of partials + BLOCK_H * 4 of lse written (a whole
     # row: BLOCK_H * D * 2 final bytes). Whole launch with one query-row group: the cache of
     # the tokens present, once.
     if KPE_STRIDE_MULTIPLE > 1:
@@ -305,7 +305,7 @@ def _mla_split_kernel(
         lo = tl.maximum(start, row_begin)
         hi = tl.maximum(tl.minimum(end, row_end), lo)  # lo == hi: nothing of this row here
         # Row b's blocks [lo, hi) (step-wide numbering) give the final output when they are the
-        # whole row, else a float32 partial and lse in work slot piece + b. No branches: without
+        # whole row, else a partial (partial_dtype) and lse in work slot piece + b. No branches: without
         # work the KV loop runs zero times and the stores are masked off, which keeps the KV loop
         # a plain pipelined loop.
         writes_final = (lo < hi) & (lo == row_begin) & (hi == row_end)
@@ -394,13 +394,14 @@ def _mla_split_kernel(
                 p, alpha, m_i, l_i = _softmax_step(scores, offs_n, limit, row_scale, m_i, l_i)
                 acc = _dot(to_nearest(p, v.dtype, INTERPRETED), v, acc * alpha[:, None], INTERPRETED)
 
-        if IS_FP8:
-            acc = acc * kv_scale
         # No visible token: zeros and lse -inf (the combine skips it). NaN in the row's data makes
         # l NaN, and then the lse too, so the combine keeps the NaN (NaN in, NaN out).
         empty = l_i == 0
         safe_l = tl.where(empty, 1.0, l_i)
-        out = acc / safe_l[:, None]
+        out = acc / safe_l[:, None]  # per-tensor fp8: before the cache scale (the fp16 partial's range)
+        final = out
+        if IS_FP8:
+            final = out * kv_scale
         lse = tl.where(empty, float("-inf"), (m_i + tl.log2(safe_l)) / 1.4426950408889634)
         # Row masks as comparisons with a scalar bound (the interpreter rejects tensor & scalar-bool masks).
         final_mask = offs_r < tl.where(writes_final, query_rows, 0)
@@ -408,13 +409,17 @@ def _mla_split_kernel(
         final_rows = b64 * query_rows + offs_r
         tl.store(
             out_ptr + final_rows[:, None] * HEAD_DIM + offs_d[None, :],
-            to_nearest(out, out_ptr.dtype.element_ty, INTERPRETED),
+            to_nearest(final, out_ptr.dtype.element_ty, INTERPRETED),
             final_mask[:, None],
         )
         if WRITE_LSE:
             tl.store(lse_ptr + final_rows, lse, final_mask)
         part_rows = (piece + b64) * query_rows + offs_r
-        tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], out, part_mask[:, None])
+        tl.store(
+            part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :],
+            to_nearest(out, part_out_ptr.dtype.element_ty, INTERPRETED),
+            part_mask[:, None],
+        )
         tl.store(part_lse_ptr + part_rows, lse, part_mask)
 
 
@@ -861,17 +866,20 @@ def _mla_combine_kernel(
     row_pieces_ptr,
     out_ptr,
     lse_ptr,
+    scale_ptr,
     batch,
     query_rows,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    SCALED: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     # Memory traffic per program: the lse and BLOCK_D columns of the partials of one query
     # row's segments (read only for rows split over several segments), BLOCK_D * 2 bytes
     # written (+ 4 bytes of lse). Whole launch: every partial once, outputs of split rows.
+    # SCALED: the partials hold a per-tensor fp8 cache's values before its scale (*scale_ptr).
     pid = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = pid // query_rows
@@ -888,6 +896,8 @@ def _mla_combine_kernel(
     merged, merged_lse = merge_splits(
         lse_col, query_rows, out_col, query_rows * HEAD_DIM, offs_d, offs_d < HEAD_DIM, n_merge, BLOCK_S, BLOCK_D
     )
+    if SCALED:
+        merged = merged * tl.load(scale_ptr)
     row = b.to(tl.int64) * query_rows + r
     write = merge | empty
     tl.store(
@@ -898,6 +908,14 @@ def _mla_combine_kernel(
     if WRITE_LSE:
         if pid_d == 0:
             tl.store(lse_ptr + row, merged_lse, write)
+
+
+def partial_dtype(call: MLADecodeCall) -> torch.dtype:
+    """The partials' dtype: fp16 over a per-tensor fp8 cache, stored before its scale (each partial is a
+    convex combination of e4m3 values, |x| <= 448, so fp16 keeps 11 significant bits at half float32's
+    bytes; the combine applies the scale), float32 otherwise (bf16 values and the block-scaled formats'
+    products are not bounded by fp16's range)."""
+    return torch.float16 if call.is_fp8 else torch.float32
 
 
 def combine_block_d(rows: int, head_dim: int, device: torch.device) -> int:
@@ -929,7 +947,7 @@ class TritonDecodePlan:
         )
         self.schedule = SplitSchedule(call, self.shape)
         rows, device = call.query_rows, call.device
-        self.part_out = torch.empty((self.shape.slots, rows, call.head_dim), dtype=torch.float32, device=device)
+        self.part_out = torch.empty((self.shape.slots, rows, call.head_dim), dtype=partial_dtype(call), device=device)
         self.part_lse = torch.empty((self.shape.slots, rows), dtype=torch.float32, device=device)
         block_d = combine_block_d(call.batch * rows, call.head_dim, device)
         placeholder = self.part_lse
@@ -972,6 +990,7 @@ class TritonDecodePlan:
                 "HEAD_DIM": call.head_dim,
                 "BLOCK_D": block_d,
                 "BLOCK_S": COMBINE_BLOCK_SPLITS,
+                "SCALED": call.is_fp8,
                 "WRITE_LSE": call.return_lse,
                 "INTERPRETED": interpreting(call.device),
             },
@@ -1049,10 +1068,11 @@ class TritonDecodePlan:
             split.direct(
                 (*pointers, *self._split_fixed_ptrs, *out_ptrs, *self._workspace_ptrs, *self._split_ints), stream
             )
-            self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, self.call.batch, self.call.query_rows), stream)
+            sizes = (self.call.batch, self.call.query_rows)
+            self._combine.direct((*self._combine_fixed_ptrs, *out_ptrs, pointers[4], *sizes), stream)
             return
         split(*self.split_arguments(q, qpe, kv, kpe, scale, out, lse_arg), aligned=aligned)
-        self._combine(*self._combine_fixed, out, lse_arg, self.call.batch, self.call.query_rows, aligned=aligned)
+        self._combine(*self._combine_fixed, out, lse_arg, scale, self.call.batch, self.call.query_rows, aligned=aligned)
 
     def split_arguments(
         self,
