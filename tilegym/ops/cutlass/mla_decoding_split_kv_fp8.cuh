@@ -334,21 +334,91 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
   }
 }
 
+// kMerge: the CTA that writes the last of a split row's partials merges them (no combine launch).
+// Each CTA's partial stores are made visible device-wide (__threadfence) before its warpgroup counts
+// the segment in row_done[b]; the CTA that counts the last one reads every partial of the row back
+// through L2 (ld.global.cg: another SM's L1 may hold nothing of it, this one's must not serve a stale
+// line) and zeroes the counter for the next launch.
+//   out[r, d] = out_factor * sum_s exp(lse[s, r] - m) * partial[s, r, d] / sum_s exp(lse[s, r] - m)
+// Thread t of warpgroup 0 takes row t / 8 and the 16-byte chunks (8 columns) t % 8 + 8 k, k < 8.
+// Memory traffic per merged row: count * (16 * 512 * 2 + 64) B read (L2), 16 * 512 * 2 B written.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T>
+__device__ __forceinline__ void merge_split_row(const __half* part_out, const float* part_lse, long long first_slot,
+                                                int count, int query_rows, T* out, float* out_lse, float out_factor,
+                                                int wt) {
+  const int r = wt >> 3, c0 = wt & 7;
+  if (r >= query_rows) return;
+  float m = -INFINITY;
+  for (int s = 0; s < count; ++s) m = fmaxf(m, __ldcg(part_lse + (first_slot + s) * query_rows + r));
+  const float shift = m == -INFINITY ? 0.f : m;  // every slot empty: no inf - inf
+  float acc[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+  float total = 0.f;
+#pragma unroll 2
+  for (int s = 0; s < count; ++s) {
+    const long long slot_row = (first_slot + s) * query_rows + r;
+    const float lse = __ldcg(part_lse + slot_row);
+    const uint4* src = reinterpret_cast<const uint4*>(part_out + slot_row * kD) + c0;
+    uint4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __ldcg(src + 8 * k);
+    if (lse == -INFINITY) continue;  // a query row that saw no token there weighs nothing
+    const float w = exp2f((lse - shift) * kLog2e);
+    total += w;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t* words = &v[k].x;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+        acc[8 * k + 2 * i] += w * f.x;
+        acc[8 * k + 2 * i + 1] += w * f.y;
+      }
+    }
+  }
+  const float inv = total == 0.f ? 0.f : out_factor / total;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    uint4 packed;
+    uint32_t* words = &packed.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      auto pair = pack2(out, acc[8 * k + 2 * i] * inv, acc[8 * k + 2 * i + 1] * inv);
+      words[i] = *reinterpret_cast<uint32_t*>(&pair);
+    }
+    reinterpret_cast<uint4*>(out + (long long)r * kD)[c0 + 8 * k] = packed;
+  }
+  if (out_lse != nullptr && c0 == 0) out_lse[r] = total == 0.f ? -INFINITY : shift + logf(total);
+}
+
+// kMerge: zeros and lse -inf for the query rows of batch row b (it has no token, so no segment).
+template <typename T>
+__device__ __forceinline__ void write_empty_row(T* out, float* out_lse, int query_rows, int tid, int threads) {
+  for (int i = tid; i < query_rows * kD / 8; i += threads) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
+  if (out_lse != nullptr) {
+    for (int r = tid; r < query_rows; r += threads) out_lse[r] = -INFINITY;
+  }
+}
+
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk>
+template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk, int kMerge>
 __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const float* __restrict__ tensor_scale,
     const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, __half* __restrict__ part_out, float* __restrict__ part_lse,
+    const int* __restrict__ row_pieces, int* __restrict__ row_done,
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
     long long qpe_sq, long long qpe_sh, long long table_sb, long long rope_s0, long long rope_s1, long long scale_s0,
     long long scale_s1, float qk_scale_log2,
     const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
-    const __grid_constant__ CUtensorMap scale_map, int box_rows) {
+    const __grid_constant__ CUtensorMap scale_map, int box_rows, int batch) {
   using namespace tilegym_fp8;
   using L = Tiles<kFormat, T>;
   constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
@@ -363,6 +433,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   float* q_unscale = s_all + kGroups * kRows * kSRow;                    // [16]: 2^-shift per row
   uint64_t* full = reinterpret_cast<uint64_t*>(q_unscale + kRows);       // [kStages]: the stage landed
   int* issued = reinterpret_cast<int*>(full + kStages);                  // [kStages]: uses issued so far
+  int* last_segment = issued + kStages;  // kMerge: 1 when this CTA counted its row's last segment
 
   const int tid = threadIdx.x, wg = tid >> 7, wt = tid & (kThreads - 1), warp = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
@@ -814,6 +885,29 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         } else {
           part_lse[slot * query_rows + r] = lse[h];
         }
+      }
+    }
+    if constexpr (kMerge) {
+      if (!whole) {  // count this segment once its partial is visible to every SM; the last one merges
+        __threadfence();
+        group_sync(0);
+        const int first = row_pieces[b], count = row_pieces[batch + b] - first + 1;
+        if (wt == 0) *last_segment = atomicAdd(row_done + b, 1) == count - 1;
+        group_sync(0);
+        if (*last_segment) {
+          __threadfence();
+          merge_split_row(part_out, part_lse, (long long)first + b, count, query_rows, out + (long long)b * query_rows * kD,
+                          write_lse ? out_lse + (long long)b * query_rows : nullptr, out_factor, wt);
+          if (wt == 0) row_done[b] = 0;  // ready for the next launch
+        }
+      }
+    }
+  }
+  if constexpr (kMerge) {  // rows without a token have no segment: this CTA's share of them
+    for (int b = piece; b < batch; b += num_pieces) {
+      if (row_pieces[batch + b] < row_pieces[b]) {
+        write_empty_row(out + (long long)b * query_rows * kD, write_lse ? out_lse + (long long)b * query_rows : nullptr,
+                        query_rows, tid, kThreads * kGroups);
       }
     }
   }
