@@ -113,7 +113,7 @@ def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
     """1 KB alignment pad + stages of (64 tokens x 576 B) + the query as e4m3 parts (2 x 16 rows for
     bf16, 3 x 16 for fp16) + S [16, 72] float32 per warpgroup + the row scales + an mbarrier and a
     count of issued uses per stage; fp8_ds_mla: stages of 64 x 656 B, e4m3 latent parts + the bf16
-    rope query [16, 64]; the merge's flag (4 bytes)."""
+    rope query [16, 64]; the fused combine's flag (4 bytes)."""
     config = cutlass_mla.Fp8Config(stages=2, groups=1, ctas_per_sm=2)
     rest = 1024 + 16 * 72 * 4 + 16 * 4 + 2 * 12 + 4
     bf16, fp16 = torch.bfloat16, torch.float16
@@ -177,15 +177,15 @@ GPU_CASES = [
 
 
 # The configurations the sweep compares besides the default: several warpgroups sharing one ring, and
-# the split kernel merging its split rows (no combine launch).
-MERGE_CONFIG = cutlass_mla.Fp8Config(2, 1, 2, merge=True)
-OTHER_CONFIGS = [cutlass_mla.Fp8Config(4, 3, 1), cutlass_mla.Fp8Config(4, 2, 1), MERGE_CONFIG]
+# the split kernel combining its split rows itself (no combine launch).
+FUSED_CONFIG = cutlass_mla.Fp8Config(2, 1, 2, fused_combine=True)
+OTHER_CONFIGS = [cutlass_mla.Fp8Config(4, 3, 1), cutlass_mla.Fp8Config(4, 2, 1), FUSED_CONFIG]
 
 
 def config_id(config) -> str:
     if config is None:
         return "default"
-    return "x".join(map(str, config[:3])) + ("-merge" if config.merge else "")
+    return "x".join(map(str, config[:3])) + ("-fused" if config.fused_combine else "")
 
 
 @pytest.fixture(params=[None, *OTHER_CONFIGS], ids=config_id)
@@ -262,13 +262,13 @@ def test_a_per_tensor_scale_needs_no_alignment() -> None:
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.gpu
-def test_the_merging_split_kernel_leaves_its_counters_zero_for_the_next_launch(fmt) -> None:
-    """MERGE_CONFIG: the CTA that counts a split row's last segment merges the row and zeroes its
+def test_the_fused_combine_leaves_its_counters_zero_for_the_next_launch(fmt) -> None:
+    """FUSED_CONFIG: the CTA that counts a split row's last segment merges the row and zeroes its
     counter. Three launches of one plan (fresh inputs each; pieces of 2 blocks, so rows of 2-32
     segments; an empty row, a one-token row) each match float64, and every counter is 0 after them."""
     require_cutlass()
-    if not cutlass_mla.fp8_split_kernel(torch.bfloat16, fmt, MERGE_CONFIG).available("sm_90a"):
-        pytest.skip("no cubin for the merge config: run `python benchmarks/sweep_cutlass_fp8.py --precompile`")
+    if not cutlass_mla.fp8_split_kernel(torch.bfloat16, fmt, FUSED_CONFIG).available("sm_90a"):
+        pytest.skip("no cubin for the fused-combine config: run `python benchmarks/sweep_cutlass_fp8.py --precompile`")
     generator, seed = fresh_generator()
     lens = [0, 1, 4096, 700, 64, 1500, 129]
     plan = None
@@ -284,7 +284,7 @@ def test_the_merging_split_kernel_leaves_its_counters_zero_for_the_next_launch(f
         )
         kwargs, cache = cache_kwargs(x, fmt, "dense", generator=generator)
         call = validate_mla_decoding(x.q, x.qpe, kv_len_per_split=128, return_lse=True, **kwargs)
-        plan = plan or cutlass_mla.CutlassFp8DecodePlan(call, MERGE_CONFIG)
+        plan = plan or cutlass_mla.CutlassFp8DecodePlan(call, FUSED_CONFIG)
         out = torch.full_like(call.out, float("nan"))  # every element must be written
         lse = torch.full(x.q.shape[:-1], float("nan"), device="cuda")
         plan.run(call.q, call.qpe, call.kv, call.kpe, call.kv_scale, out, lse)

@@ -127,7 +127,7 @@ class Fp8Config(NamedTuple):
     ctas_per_sm: int
     chunk: int = 4  # k-steps (32 columns) per fresh score accumulator, summed in float32
     min_blocks: int | None = None  # fewest blocks per schedule piece; None: FP8_PIECES_PER_ROW's rule
-    merge: bool = False  # the split kernel merges split rows itself (kMerge)
+    fused_combine: bool = False  # the split kernel merges its split rows itself (kFusedCombine)
 
 
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200: one warpgroup in each of two CTAs per
@@ -297,7 +297,7 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
     workspace = (f"{part}*", "float*", "const int*", "int*")  # partials, their lse, row_pieces, merge counters
     pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", *workspace)
     c = config
-    template = (ctype, FP8_FORMATS[kv_format], c.stages, c.groups, c.ctas_per_sm, c.chunk, int(c.merge))
+    template = (ctype, FP8_FORMATS[kv_format], c.stages, c.groups, c.ctas_per_sm, c.chunk, int(c.fused_combine))
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
@@ -419,15 +419,19 @@ def partial_dtype(call: MLADecodeCall) -> torch.dtype:
     return torch.float32
 
 
-def merges_in_split(call: MLADecodeCall) -> bool:
+def combines_in_split(call: MLADecodeCall) -> bool:
     """Whether ``call``'s split kernel merges its split rows itself (the 16-row fp8 kernel with
-    ``Fp8Config.merge``), so that no combine runs after it."""
-    return call.kv_format in FP8_FORMATS and call.query_rows <= FP8_MAX_QUERY_ROWS and FP8_CONFIGS[call.kv_format].merge
+    ``Fp8Config.fused_combine``), so that no combine runs after it."""
+    return (
+        call.kv_format in FP8_FORMATS
+        and call.query_rows <= FP8_MAX_QUERY_ROWS
+        and FP8_CONFIGS[call.kv_format].fused_combine
+    )
 
 
 def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
     split = _split_kernel_of(call, cdiv(call.query_rows, ROWS_PER_CTA) == PAIR_GROUPS)
-    if merges_in_split(call):
+    if combines_in_split(call):
         return (("split", split),)
     return (("split", split), ("combine", combine_kernel(call.q.dtype, partial_dtype(call))))
 
@@ -505,7 +509,7 @@ class CutlassDecodePlan:
     # nothing at 64 rows (session 29, H100 timeline: 116.0 -> 115.5 us at 64 x 4096 x 64, 115.7 -> 116.1 at
     # Q = 4) and left the kernel slower than a CTA alone at 16 rows (4 x 1024: 11.6 against 10.6).
     early_merge_split = False
-    combines = True  # a combine launch follows the split kernel (the fp8 plan's merge config: none)
+    combines = True  # a combine launch follows the split kernel (none with the fp8 plan's fused_combine)
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
     min_blocks = 1
@@ -703,10 +707,12 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
         self.threads = FP8_GROUP_THREADS * self.config.groups
         self.min_blocks = self.config.min_blocks or fewest_blocks_per_piece(call, FP8_BLOCK_N, FP8_PIECES_PER_ROW)
-        self.combines = not self.config.merge
-        # The merge's count of finished segments per batch row: zero between launches (the merging CTA
+        self.combines = not self.config.fused_combine
+        # The fused combine's count of finished segments per batch row: zero between launches (the merging CTA
         # resets its row's), so one zeroing here serves every launch, graph replays included.
-        self.row_done = torch.zeros(call.batch if self.config.merge else 0, dtype=torch.int32, device=call.device)
+        self.row_done = torch.zeros(
+            call.batch if self.config.fused_combine else 0, dtype=torch.int32, device=call.device
+        )
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:
@@ -723,8 +729,8 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         return kv_scale.data_ptr() if self.call.kv_format == "fp8" else 0
 
     def _split_workspace(self) -> tuple[int, ...]:
-        """The partials and their lse, the rows' pieces and the merge's counters (0 without the merge)."""
-        row_done = self.row_done.data_ptr() if self.config.merge else 0
+        """The partials and their lse, the rows' pieces and the fused combine's counters (0 without it)."""
+        row_done = self.row_done.data_ptr() if self.config.fused_combine else 0
         return (*self._workspace, self.schedule.row_pieces.data_ptr(), row_done)
 
     def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:

@@ -334,7 +334,7 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
   }
 }
 
-// kMerge: the CTA that writes the last of a split row's partials merges them (no combine launch).
+// kFusedCombine: the CTA that writes the last of a split row's partials merges them (no combine launch).
 // Each CTA's partial stores are made visible device-wide (__threadfence) before its warpgroup counts
 // the segment in row_done[b]; the CTA that counts the last one reads every partial of the row back
 // through L2 (ld.global.cg: another SM's L1 may hold nothing of it, this one's must not serve a stale
@@ -345,7 +345,7 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T>
-__device__ __forceinline__ void merge_split_row(const __half* part_out, const float* part_lse, long long first_slot,
+__device__ __forceinline__ void combine_split_row(const __half* part_out, const float* part_lse, long long first_slot,
                                                 int count, int query_rows, T* out, float* out_lse, float out_factor,
                                                 int wt) {
   const int r = wt >> 3, c0 = wt & 7;
@@ -394,7 +394,7 @@ __device__ __forceinline__ void merge_split_row(const __half* part_out, const fl
   if (out_lse != nullptr && c0 == 0) out_lse[r] = total == 0.f ? -INFINITY : shift + logf(total);
 }
 
-// kMerge: zeros and lse -inf for the query rows of batch row b (it has no token, so no segment).
+// kFusedCombine: zeros and lse -inf for the query rows of batch row b (it has no token, so no segment).
 template <typename T>
 __device__ __forceinline__ void write_empty_row(T* out, float* out_lse, int query_rows, int tid, int threads) {
   for (int i = tid; i < query_rows * kD / 8; i += threads) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
@@ -405,7 +405,7 @@ __device__ __forceinline__ void write_empty_row(T* out, float* out_lse, int quer
 
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk, int kMerge>
+template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk, int kFusedCombine>
 __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const float* __restrict__ tensor_scale,
     const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   float* q_unscale = s_all + kGroups * kRows * kSRow;                    // [16]: 2^-shift per row
   uint64_t* full = reinterpret_cast<uint64_t*>(q_unscale + kRows);       // [kStages]: the stage landed
   int* issued = reinterpret_cast<int*>(full + kStages);                  // [kStages]: uses issued so far
-  int* last_segment = issued + kStages;  // kMerge: 1 when this CTA counted its row's last segment
+  int* last_segment = issued + kStages;  // kFusedCombine: 1 when this CTA counted its row's last segment
 
   const int tid = threadIdx.x, wg = tid >> 7, wt = tid & (kThreads - 1), warp = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
@@ -887,7 +887,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         }
       }
     }
-    if constexpr (kMerge) {
+    if constexpr (kFusedCombine) {
       if (!whole) {  // count this segment once its partial is visible to every SM; the last one merges
         __threadfence();
         group_sync(0);
@@ -896,14 +896,14 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         group_sync(0);
         if (*last_segment) {
           __threadfence();
-          merge_split_row(part_out, part_lse, (long long)first + b, count, query_rows, out + (long long)b * query_rows * kD,
+          combine_split_row(part_out, part_lse, (long long)first + b, count, query_rows, out + (long long)b * query_rows * kD,
                           write_lse ? out_lse + (long long)b * query_rows : nullptr, out_factor, wt);
           if (wt == 0) row_done[b] = 0;  // ready for the next launch
         }
       }
     }
   }
-  if constexpr (kMerge) {  // rows without a token have no segment: this CTA's share of them
+  if constexpr (kFusedCombine) {  // rows without a token have no segment: this CTA's share of them
     for (int b = piece; b < batch; b += num_pieces) {
       if (row_pieces[batch + b] < row_pieces[b]) {
         write_empty_row(out + (long long)b * query_rows * kD, write_lse ? out_lse + (long long)b * query_rows : nullptr,
