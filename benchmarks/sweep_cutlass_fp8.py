@@ -88,7 +88,7 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> No
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, config, err, lse_err))
     print(f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_CONFIGS[fmt]})")
-    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | fused | rel. L2 | lse max abs error |"
+    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | fused | rel. L2 | lse max abs err |"
     print(header)
     print("|---|---|---|---|---|---|---|---|---|---|")
     for us, config, err, lse_err in sorted(rows):
