@@ -227,8 +227,7 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-__device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
-__device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
+using tilegym_cutlass::pack_pair;
 
 // 16 consecutive columns j = 0..15 of acc[j][k] * f, as two 16-byte stores of 16-bit values.
 template <typename T16>
@@ -240,8 +239,7 @@ __device__ __forceinline__ void store16_columns(T16* dst, const float (&acc)[16]
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const int j = 8 * v + 2 * w;
-      auto pair = pack2(dst, acc[j][k] * f, acc[j + 1][k] * f);
-      words[w] = *reinterpret_cast<uint32_t*>(&pair);
+      words[w] = pack_pair(dst, acc[j][k] * f, acc[j + 1][k] * f);
     }
     reinterpret_cast<uint4*>(dst)[v] = packed;
   }
@@ -331,75 +329,6 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
       for (int k = 0; k < 8; ++k) reinterpret_cast<uint16_t*>(&v)[k] = reinterpret_cast<const uint16_t*>(src)[k];
     }
     *reinterpret_cast<uint4*>(qs + L::kQRope + swizzle128(row, sub)) = v;
-  }
-}
-
-// kFusedCombine: the CTA that writes the last of a split row's partials merges them (no combine launch).
-// Each CTA's partial stores are made visible device-wide (__threadfence) before its warpgroup counts
-// the segment in row_done[b]; the CTA that counts the last one reads every partial of the row back
-// through L2 (ld.global.cg: another SM's L1 may hold nothing of it, this one's must not serve a stale
-// line) and zeroes the counter for the next launch.
-//   out[r, d] = out_factor * sum_s exp(lse[s, r] - m) * partial[s, r, d] / sum_s exp(lse[s, r] - m)
-// Thread t of warpgroup 0 takes row t / 8 and the 16-byte chunks (8 columns) t % 8 + 8 k, k < 8.
-// Memory traffic per merged row: count * (16 * 512 * 2 + 64) B read (L2), 16 * 512 * 2 B written.
-inline constexpr float kLog2e = 1.4426950408889634f;
-
-template <typename T>
-__device__ __forceinline__ void combine_split_row(const __half* part_out, const float* part_lse, long long first_slot,
-                                                int count, int query_rows, T* out, float* out_lse, float out_factor,
-                                                int wt) {
-  const int r = wt >> 3, c0 = wt & 7;
-  if (r >= query_rows) return;
-  float m = -INFINITY;
-  for (int s = 0; s < count; ++s) m = fmaxf(m, __ldcg(part_lse + (first_slot + s) * query_rows + r));
-  const float shift = m == -INFINITY ? 0.f : m;  // every slot empty: no inf - inf
-  float acc[64];
-#pragma unroll
-  for (int j = 0; j < 64; ++j) acc[j] = 0.f;
-  float total = 0.f;
-#pragma unroll 2
-  for (int s = 0; s < count; ++s) {
-    const long long slot_row = (first_slot + s) * query_rows + r;
-    const float lse = __ldcg(part_lse + slot_row);
-    const uint4* src = reinterpret_cast<const uint4*>(part_out + slot_row * kD) + c0;
-    uint4 v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = __ldcg(src + 8 * k);
-    if (lse == -INFINITY) continue;  // a query row that saw no token there weighs nothing
-    const float w = exp2f((lse - shift) * kLog2e);
-    total += w;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t* words = &v[k].x;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-        acc[8 * k + 2 * i] += w * f.x;
-        acc[8 * k + 2 * i + 1] += w * f.y;
-      }
-    }
-  }
-  const float inv = total == 0.f ? 0.f : out_factor / total;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    uint4 packed;
-    uint32_t* words = &packed.x;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      auto pair = pack2(out, acc[8 * k + 2 * i] * inv, acc[8 * k + 2 * i + 1] * inv);
-      words[i] = *reinterpret_cast<uint32_t*>(&pair);
-    }
-    reinterpret_cast<uint4*>(out + (long long)r * kD)[c0 + 8 * k] = packed;
-  }
-  if (out_lse != nullptr && c0 == 0) out_lse[r] = total == 0.f ? -INFINITY : shift + logf(total);
-}
-
-// kFusedCombine: zeros and lse -inf for the query rows of batch row b (it has no token, so no segment).
-template <typename T>
-__device__ __forceinline__ void write_empty_row(T* out, float* out_lse, int query_rows, int tid, int threads) {
-  for (int i = tid; i < query_rows * kD / 8; i += threads) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
-  if (out_lse != nullptr) {
-    for (int r = tid; r < query_rows; r += threads) out_lse[r] = -INFINITY;
   }
 }
 
@@ -887,17 +816,14 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         }
       }
     }
-    if constexpr (kFusedCombine) {
-      if (!whole) {  // count this segment once its partial is visible to every SM; the last one merges
-        __threadfence();
-        group_sync(0);
+    if constexpr (kFusedCombine) {  // the CTA that counts the row's last segment merges the row
+      if (!whole) {
         const int first = row_pieces[b], count = row_pieces[batch + b] - first + 1;
-        if (wt == 0) *last_segment = atomicAdd(row_done + b, 1) == count - 1;
-        group_sync(0);
-        if (*last_segment) {
-          __threadfence();
-          combine_split_row(part_out, part_lse, (long long)first + b, count, query_rows, out + (long long)b * query_rows * kD,
-                          write_lse ? out_lse + (long long)b * query_rows : nullptr, out_factor, wt);
+        if (tilegym_cutlass::count_segment(row_done + b, count, last_segment, wt == 0, [&] { group_sync(0); })) {
+          tilegym_cutlass::combine_split_rows<kRows, kThreads>(part_out, part_lse, (long long)first + b, count, query_rows, 0,
+                                                               out + (long long)b * query_rows * kD,
+                                                               write_lse ? out_lse + (long long)b * query_rows : nullptr,
+                                                               out_factor, wt);
           if (wt == 0) row_done[b] = 0;  // ready for the next launch
         }
       }
@@ -906,8 +832,9 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   if constexpr (kFusedCombine) {  // rows without a token have no segment: this CTA's share of them
     for (int b = piece; b < batch; b += num_pieces) {
       if (row_pieces[batch + b] < row_pieces[b]) {
-        write_empty_row(out + (long long)b * query_rows * kD, write_lse ? out_lse + (long long)b * query_rows : nullptr,
-                        query_rows, tid, kThreads * kGroups);
+        tilegym_cutlass::write_empty_rows(out + (long long)b * query_rows * kD,
+                                          write_lse ? out_lse + (long long)b * query_rows : nullptr, 0, query_rows, tid,
+                                          kThreads * kGroups);
       }
     }
   }
