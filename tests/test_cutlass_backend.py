@@ -38,7 +38,8 @@ def test_fp8_cache_at_many_heads_is_taken_by_the_wgmma_kernel() -> None:
         "cutlass runs on NVIDIA GPUs only, got a tensor on cpu"
     ]
     kernel = cutlass_mla._split_kernel_of(_call(64, kv_dtype=torch.float8_e4m3fn))
-    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1, 0>"  # dtype, kPair, kFp8, kMerge
+    # dtype, kPair, kFp8, kMerge, kFusedCombine
+    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1, 0, 0>"
 
 
 @pytest.mark.parametrize(
@@ -51,7 +52,7 @@ def test_row_halves_kernel_serves_64_query_rows_of_a_16_bit_cache(heads, q_len, 
     measured slower, and cluster pairs and fp8 caches keep their kernels."""
     call = _call(heads, q_len, kv_dtype=kv_dtype)
     assert cutlass_mla.merges_row_halves(call) is merged
-    assert cutlass_mla._split_kernel_of(call).instance_name.endswith(", 1>" if merged else ", 0>")
+    assert cutlass_mla._split_kernel_of(call).instance_name.endswith(", 1, 0>" if merged else ", 0, 0>")
 
 
 def test_other_head_dims_are_refused_with_a_reason() -> None:
