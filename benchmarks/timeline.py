@@ -15,9 +15,7 @@ another source tree too, swapped as ``ab_trees.py`` does (its cubins built with 
 sequence length (pieces that never cut a row of a full-length batch); default: the backend's choice.
 ``--segment-cost`` (repeatable): the schedule's cost of a segment start in tokens (the backend module's
 ``SEGMENT_COST_TOKENS`` and its variants), each value timed in turn. ``--merge`` (repeatable, cutlass):
-``MERGE_MIN_QUERY_ROWS`` (0: never) for the plans made after, each value timed in turn; ``--fused``
-(repeatable, cutlass): ``FUSED_COMBINE_MIN_QUERY_ROWS`` (0: never) the same way. ``--precompile-fused``
-(on the CPU machine): build the bf16 fused-combine variants into the cubin cache, and exit.
+``MERGE_MIN_QUERY_ROWS`` (0: never) for the plans made after, each value timed in turn.
 """
 
 from __future__ import annotations
@@ -124,15 +122,7 @@ def main() -> None:
     ap.add_argument("--segment-cost", type=int, action="append", default=[], help="segment start, tokens")
     ap.add_argument("--merge", type=int, action="append", default=[], help="cutlass: MERGE_MIN_QUERY_ROWS (0: never)")
     ap.add_argument("--early-merge-split", action="store_true", help="cutlass: the row-halves kernel as a PDL")
-    ap.add_argument("--fused", type=int, action="append", default=[], help="cutlass: FUSED_COMBINE_MIN_QUERY_ROWS")
-    ap.add_argument("--precompile-fused", action="store_true", help="build the bf16 fused-combine variants, exit")
     a = ap.parse_args()
-    if a.precompile_fused:
-        from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
-
-        for kernel in cutlass_mla.fused_kernels((torch.bfloat16,)):
-            print(kernel.compile("sm_90a"), flush=True)
-        return
     if a.early_merge_split:
         from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
 
@@ -163,20 +153,16 @@ def main() -> None:
                 if tree is not None:
                     ab_trees.use_tree(tree)
                 for split in a.split or [None]:
-                    knobs = itertools.product(a.segment_cost or [None], a.merge or [None], a.fused or [None])
-                    for cost, merge, fused in knobs:
+                    for cost, merge in itertools.product(a.segment_cost or [None], a.merge or [None]):
                         tokens = split_tokens(split, shape.seq_len)
                         label = f"{shape.label} [{tree or a.backend}{'' if split is None else f', split {tokens}'}"
                         label += "" if cost is None else f", segment cost {cost}"
-                        label += "" if merge is None else f", merge {merge}"
-                        label += "]" if fused is None else f", fused {fused}]"
+                        label += "]" if merge is None else f", merge {merge}]"
                         if cost is not None:
                             set_segment_cost(a.backend, cost)
-                        cutlass = importlib.import_module("tilegym.ops.cutlass.mla_decoding_split_kv")
                         if merge is not None:
+                            cutlass = importlib.import_module("tilegym.ops.cutlass.mla_decoding_split_kv")
                             cutlass.MERGE_MIN_QUERY_ROWS = merge or None
-                        if fused is not None:
-                            cutlass.FUSED_COMBINE_MIN_QUERY_ROWS = fused or None
                         try:
                             plan = bench.make_plan(a.backend, data, tokens)
                         except Exception as exc:  # a shape this backend does not serve

@@ -38,8 +38,7 @@ def test_fp8_cache_at_many_heads_is_taken_by_the_wgmma_kernel() -> None:
         "cutlass runs on NVIDIA GPUs only, got a tensor on cpu"
     ]
     kernel = cutlass_mla._split_kernel_of(_call(64, kv_dtype=torch.float8_e4m3fn))
-    # dtype, kPair, kFp8, kMerge, kFusedCombine
-    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1, 0, 0>"
+    assert kernel.instance_name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, 1, 0>"  # dtype, kPair, kFp8, kMerge
 
 
 @pytest.mark.parametrize(
@@ -52,7 +51,7 @@ def test_row_halves_kernel_serves_64_query_rows_of_a_16_bit_cache(heads, q_len, 
     measured slower, and cluster pairs and fp8 caches keep their kernels."""
     call = _call(heads, q_len, kv_dtype=kv_dtype)
     assert cutlass_mla.merges_row_halves(call) is merged
-    assert cutlass_mla._split_kernel_of(call).instance_name.endswith(", 1, 0>" if merged else ", 0, 0>")
+    assert cutlass_mla._split_kernel_of(call).instance_name.endswith(", 1>" if merged else ", 0>")
 
 
 def test_other_head_dims_are_refused_with_a_reason() -> None:
@@ -116,12 +115,12 @@ def test_every_variant_is_listed_for_precompile() -> None:
                 for ctype in ("__half", "__nv_bfloat16")
             ),
             *(
-                f"{cutlass_mla.KERNEL}<{c}, {pair}, {fp8_cache}, 0, 0>"
+                f"{cutlass_mla.KERNEL}<{c}, {pair}, {fp8_cache}, 0>"
                 for c in ("__half", "__nv_bfloat16")
                 for pair in (1, 2)
                 for fp8_cache in (0, 1)
             ),
-            *(f"{cutlass_mla.KERNEL}<{c}, 1, 0, 1, 0>" for c in ("__half", "__nv_bfloat16")),  # row halves
+            *(f"{cutlass_mla.KERNEL}<{c}, 1, 0, 1>" for c in ("__half", "__nv_bfloat16")),  # row halves
             *fp8,
         ]
     )
@@ -350,7 +349,7 @@ def test_equal_rows_halved_are_merged_in_shared_memory(
     x = make_mla_inputs(64, heads, 1024, dtype=dtype, device="cuda", generator=g, q_len=q_len)
     call = validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, return_lse=True)
     plan = cutlass_mla.plan(call)
-    assert plan.merge and plan._split_kernel().instance_name.endswith(", 1, 0, 1, 0>")
+    assert plan.merge and plan._split_kernel().instance_name.endswith(", 1, 0, 1>")
     programs = plan.schedule.shape.programs
     if not 128 <= programs <= 136:
         pytest.skip(f"written for 128-136 pieces (pieces of 8 blocks); this GPU's plan cuts {programs}")
@@ -413,57 +412,3 @@ def test_scores_that_grow_along_the_row(heads: int, split: int | None) -> None:
     )
     torch.cuda.synchronize()
     _check(x, out, lse, causal=True, sm_scale=0.2)
-
-
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize(
-    ("heads", "q_len", "kv", "split"),
-    [(16, 1, None, 128), (64, 1, None, 448), (128, 1, None, None), (32, 2, None, 256), (64, 1, "fp8", 320)],
-    ids=str,
-)
-def test_the_fused_combine_of_the_wgmma_kernel_matches_float64(
-    heads: int, q_len: int, kv: str | None, split: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """FUSED_COMBINE_MIN_QUERY_ROWS forced to 1: no combine launch, the CTA that counts a split row's last
-    segment (per 64-row group) merges it. Mixed lengths with an empty and a one-token row; three launches of
-    one plan on fresh inputs each, every output element written (NaN-filled first), counters left at 0."""
-    monkeypatch.setattr(cutlass_mla, "FUSED_COMBINE_MIN_QUERY_ROWS", 1)
-    kv_dtype = torch.float8_e4m3fn if kv == "fp8" else None
-    g = torch.Generator().manual_seed(heads * 10 + q_len)
-    lens = [0, 1, 3000, 700, 64, 2048, 129, 1500]
-    probe_x = make_mla_inputs(
-        len(lens), heads, 3000, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda", generator=g
-    )
-    call = validate_mla_decoding(
-        probe_x.q, probe_x.qpe, probe_x.kv, probe_x.kpe, kv_len_per_split=split, kv_lens=probe_x.kv_lens,
-        kv_scale=probe_x.kv_scale, return_lse=True,
-    )  # fmt: skip
-    plan = cutlass_mla.plan(call)
-    kernel = plan._split_kernel()
-    if not kernel.available("sm_90a"):
-        pytest.skip(f"no cubin for {kernel.instance_name}: run `python benchmarks/timeline.py --precompile-fused`")
-    assert not plan.combines and kernel.instance_name.endswith(", 1>")
-    for _ in range(3):
-        x = make_mla_inputs(
-            len(lens), heads, 3000, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda", generator=g
-        )
-        out = torch.full_like(call.out, float("nan"))
-        lse = torch.full(x.q.shape[:-1], float("nan"), device="cuda")
-        plan.run(x.q, x.qpe, x.kv, x.kpe, x.kv_scale, out, lse)
-        torch.cuda.synchronize()
-        expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, causal=True)
-        err = relative_error(out, expected[0])
-        tolerance = MLA_DECODING.tolerance(BACKEND, torch.bfloat16, x.kv.dtype)
-        assert err <= tolerance, f"rel. L2 error {err:.2e} > {tolerance:.0e}"
-        live = expected[1].isfinite()
-        atol = lse_tolerance(MLA_DECODING.name, BACKEND, x.kv.dtype)
-        torch.testing.assert_close(
-            lse.cpu().double()[live],
-            expected[1][live],
-            atol=atol,
-            rtol=lse_rtol(MLA_DECODING.name, BACKEND, x.kv.dtype),
-        )
-        assert torch.equal(lse.cpu()[~live], torch.full_like(lse.cpu()[~live], float("-inf")))
-        assert torch.all(out.cpu()[~live] == 0)
-    assert plan.row_done.tolist() == [0] * plan.row_done.numel(), "counters left after the launches"

@@ -234,55 +234,51 @@ __device__ __forceinline__ uint32_t pack_pair(__half*, float a, float b) {
 
 // Merges query rows r0 .. r0 + kRows - 1 (those below query_rows) of batch row b, whose `count`
 // segments sit in slots first_slot .., into out_b / lse_b (batch row b's output; lse_b null: none).
-// kThreads threads, kChunks 8-column chunks per thread and pass (its registers: 8 kChunks for the
-// sums, twice that for two slots' loads in flight): a row takes kTpr = 64 / kChunks threads; thread t
-// takes rows r0 + t / kTpr + i * kThreads / kTpr and the chunks t % kTpr + kTpr k (k < kChunks).
+// kThreads threads, thread t: rows r0 + t / 8 + i * kThreads / 8, the 8-column chunks t % 8 + 8 k
+// (k < 8); each pass over the slots keeps two slots' loads in flight.
 // Memory traffic per row: count * (512 * sizeof(TPart) + 4) B read (L2), 512 * sizeof(TOut) B written.
-template <int kRows, int kThreads, int kChunks, typename TPart, typename TOut>
+template <int kRows, int kThreads, typename TPart, typename TOut>
 __device__ __forceinline__ void combine_split_rows(const TPart* part_out, const float* part_lse, long long first_slot,
                                                    int count, int query_rows, int r0, TOut* out_b, float* lse_b,
                                                    float out_factor, int t) {
-  constexpr int kD = 512, kTpr = kD / 8 / kChunks, kRowsPerPass = kThreads / kTpr;
+  constexpr int kD = 512;
   constexpr float kLog2e = 1.4426950408889634f;
-  static_assert(kD / 8 % kChunks == 0 && kThreads % kTpr == 0 && kRows % kRowsPerPass == 0, "whole rows and passes");
+  static_assert(kThreads % 8 == 0 && kRows % (kThreads / 8) == 0, "8 threads per row, whole passes");
 #pragma unroll 1
-  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const int r = r0 + t / kTpr + pass * kRowsPerPass, c0 = t % kTpr;
+  for (int pass = 0; pass < kRows / (kThreads / 8); ++pass) {
+    const int r = r0 + t / 8 + pass * (kThreads / 8), c0 = t % 8;
     if (r >= query_rows) return;
     float m = -INFINITY;
     for (int s = 0; s < count; ++s) m = fmaxf(m, __ldcg(part_lse + (first_slot + s) * query_rows + r));
     const float shift = m == -INFINITY ? 0.f : m;  // every slot empty: no inf - inf
-    float acc[kChunks][8];
+    float acc[64];
 #pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
-    }
+    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
     float total = 0.f;
 #pragma unroll 2
     for (int s = 0; s < count; ++s) {
       const long long slot_row = (first_slot + s) * query_rows + r;
       const float lse = __ldcg(part_lse + slot_row);
-      float v[kChunks][8];
+      float v[8][8];
 #pragma unroll
-      for (int k = 0; k < kChunks; ++k) load8_cg(part_out + slot_row * kD + 8 * (c0 + kTpr * k), v[k]);
+      for (int k = 0; k < 8; ++k) load8_cg(part_out + slot_row * kD + 8 * (c0 + 8 * k), v[k]);
       if (lse == -INFINITY) continue;  // a query row that saw no token there weighs nothing
       const float w = exp2f((lse - shift) * kLog2e);
       total += w;
 #pragma unroll
-      for (int k = 0; k < kChunks; ++k) {
+      for (int k = 0; k < 8; ++k) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[k][i] += w * v[k][i];
+        for (int i = 0; i < 8; ++i) acc[8 * k + i] += w * v[k][i];
       }
     }
     const float inv = total == 0.f ? 0.f : out_factor / total;
 #pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
+    for (int k = 0; k < 8; ++k) {
       uint4 packed;
       uint32_t* words = &packed.x;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) words[i] = pack_pair(out_b, acc[k][2 * i] * inv, acc[k][2 * i + 1] * inv);
-      reinterpret_cast<uint4*>(out_b + (long long)r * kD)[c0 + kTpr * k] = packed;
+      for (int i = 0; i < 4; ++i) words[i] = pack_pair(out_b, acc[8 * k + 2 * i] * inv, acc[8 * k + 2 * i + 1] * inv);
+      reinterpret_cast<uint4*>(out_b + (long long)r * kD)[c0 + 8 * k] = packed;
     }
     if (lse_b != nullptr && c0 == 0) lse_b[r] = total == 0.f ? -INFINITY : shift + logf(total);
   }

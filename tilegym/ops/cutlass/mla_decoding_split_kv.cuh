@@ -87,10 +87,6 @@
 //          row: 64 * 512 * 2 B final output, + lse when asked).
 //   With more than 64 query rows the KV of a piece is read once per 64-row group (the groups of a
 //   piece run at the same time on one GPC, kPair, and the second read hits L2).
-//   kFusedCombine = 1: no combine kernel follows; the CTA that counts a split row's last segment
-//   (per 64-row group) merges it (common.cuh, "The fused combine"): count * (64 * 512 * 4 + 256) B
-//   read back from L2, 64 * 512 * 2 B of final output written; rows without a token are zeroed by
-//   CTA b mod pieces.
 //
 // kFp8 = 1 (a per-tensor fp8 e4m3 cache, more than 16 query rows): the same schedule, steps and
 // matmuls in fp16. Each tile arrives by TMA as fp8 [64 tokens, 64 bytes] (4 KB, unswizzled) into the
@@ -237,7 +233,6 @@ struct SharedStorage {  // placed on a 1 KB boundary by the kernel
   uint64_t full[2][kTiles];                 // (buffer, tile) has landed
   uint64_t empty[2][2];                     // bf16/fp16: (buffer, side) is no longer read (4 warp arrivals)
   uint64_t pair[2];                         // kMerge: the partner's buffers are free (1), its half has landed (128)
-  int last_segment;                         // kFusedCombine: this CTA counted its row's last segment
 };
 
 using tilegym_cutlass::commit_async_copies;
@@ -392,16 +387,16 @@ __device__ __forceinline__ void merge_row_halves(SharedStorage& smem, Acc& acc_o
 // (Sharing the loads by TMA multicast instead was slower: each refill then waits for the slower CTA
 // of the pair.) kPair = 1: a cluster of one CTA, or with kMerge = 1 two CTAs of consecutive pieces
 // (blockIdx.x 2k, 2k + 1) that merge a row they split between them in shared memory (see "Row halves").
-template <typename T, int kPair, int kFp8, int kMerge, int kFusedCombine>
+template <typename T, int kPair, int kFp8, int kMerge>
 __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 256 : 384, 1) mla_decode_cute_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, float* __restrict__ part_out, float* __restrict__ part_lse,
-    const int* __restrict__ row_pieces, int* __restrict__ row_done, int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
+    int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
     long long qpe_sq, long long qpe_sh, long long table_sb, float qk_scale_log2,
     const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kpe_map, int box_rows,
-    const float* __restrict__ kv_scale, int batch) {
+    const float* __restrict__ kv_scale) {
   using namespace cute;
   using namespace tilegym_cute;
   using M = std::conditional_t<kFp8 != 0, __half, T>;  // the matmuls' input type
@@ -1232,28 +1227,6 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
         } else {
           part_lse[slot * query_rows + r] = lse[k];
         }
-      }
-    }
-    if constexpr (kFusedCombine != 0) {  // the CTA that counts the row's last segment merges its 64 rows
-      if (!whole) {
-        const int first = row_pieces[b], count = row_pieces[batch + b] - first + 1;
-        int* counter = row_done + (long long)b * kPair + blockIdx.y;
-        if (tilegym_cutlass::count_segment(counter, count, &smem.last_segment, tid == 0, consumers_sync)) {
-          tilegym_cutlass::combine_split_rows<kRows, 256, 4>(part_out, part_lse, (long long)first + b, count, query_rows, r0,
-                                                          out + (long long)b * query_rows * kD,
-                                                          write_lse ? out_lse + (long long)b * query_rows : nullptr, 1.f,
-                                                          tid);
-          if (tid == 0) *counter = 0;  // ready for the next launch
-        }
-      }
-    }
-  }
-  if constexpr (kFusedCombine != 0) {  // rows without a token have no segment: this CTA's share of them
-    for (int b = piece; b < batch; b += num_pieces) {
-      if (row_pieces[batch + b] < row_pieces[b]) {
-        tilegym_cutlass::write_empty_rows(out + (long long)b * query_rows * kD,
-                                          write_lse ? out_lse + (long long)b * query_rows : nullptr, r0,
-                                          min(r0 + kRows, query_rows), tid, 256);
       }
     }
   }

@@ -47,9 +47,9 @@ TILE_COLUMNS = 64  # columns of a shared KV tile: 128 bytes of bf16/fp16, one sw
 THREADS = 256  # two warpgroups (the fp8 variant)
 PRODUCER_THREADS = 384  # bf16/fp16: the two consumer warpgroups and the one that issues the loads
 # Shared memory (the kernel's SharedStorage): Q latent (64 KB) + 2 buffers of KV (144 KB) + P_A, P_B
-# (16 KB) + row maxima, sums and query factors (1.25 KB) + 24 mbarriers + the fused combine's flag (8
-# bytes with the struct's padding), plus 1 KB so the kernel can align the buffer.
-SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 24 * 8 + 8 + 1024
+# (16 KB) + row maxima, sums and query factors (1.25 KB) + 24 mbarriers, plus 1 KB so the kernel can
+# align the buffer.
+SHARED_BYTES = 64 * 512 * 2 + 2 * 64 * 576 * 2 + 2 * 64 * 64 * 2 + 5 * 64 * 4 + 24 * 8 + 1024
 # Two 64-row groups run as a cluster of two CTAs (one GPC), whose reads of the same blocks then cost
 # L2 less work (H200 sweep: 64 x 4096 x 128 180.2 us vs 193.3 as separate CTAs, 128 x 8192 x 128
 # 632.9 vs 702.3).
@@ -70,9 +70,6 @@ PAIR_SNAP = 1 / 32
 # H200 (session 31) 64 x 4096 x 64 gains less, 92.4-92.5 -> 90.3-90.5 us (likely: the partials cost
 # less at its bandwidth; not measured).
 MERGE_MIN_QUERY_ROWS: int | None = 64
-# The wgmma kernel combines its split rows itself (kFusedCombine; no combine launch) from this many
-# query rows (None: never). Session 34: built, not yet measured.
-FUSED_COMBINE_MIN_QUERY_ROWS: int | None = None
 # A segment's fixed start (its query staged, the pipeline refilled, a partial written), as the tokens a
 # CTA streams in that time: the schedule balances blocks plus starts for rows of unequal lengths
 # (tilegym/ops/schedule.py, segment_cost). From session 24's H200 sweep of the mixed-length suite
@@ -98,7 +95,7 @@ MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
 SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, piece bounds, piece rows
 TENSOR_MAP = "const __grid_constant__ CUtensorMap"
-SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int", "const float*", "int")
+SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int", "const float*")
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int", "int")
 
 FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
@@ -260,19 +257,15 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(
-    dtype: torch.dtype, pair: bool = False, fp8: bool = False, merge: bool = False, fused: bool = False
-) -> CudaKernel:
+def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False, merge: bool = False) -> CudaKernel:
     """The wgmma split kernel for ``dtype`` (bf16 or fp16) queries; ``pair``: the two 64-row groups of a
     piece as a cluster (PAIR_GROUPS); ``fp8``: a per-tensor fp8 cache (else the cache is ``dtype``);
-    ``merge``: pieces in clusters of two that merge a row they split (MERGE_MIN_QUERY_ROWS; one group,
-    bf16/fp16); ``fused``: it combines its split rows itself (FUSED_COMBINE_MIN_QUERY_ROWS)."""
+    ``merge``: pieces in clusters of two that merge a row they split (MERGE_MIN_QUERY_ROWS; one group, bf16/fp16)."""
     if merge and (pair or fp8):
         raise ValueError("the row-halves merge runs one 64-row group of a bf16/fp16 cache")
     ctype = C_TYPES[dtype]
-    workspace = ("float*", "float*", "const int*", "int*")  # partials, their lse, row_pieces, fused counters
-    pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", *workspace)
-    template = (ctype, 2 if pair else 1, int(fp8), int(merge), int(fused))
+    pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
+    template = (ctype, 2 if pair else 1, int(fp8), int(merge))
     return CudaKernel(HEADER, KERNEL, template, (*pointers, *SPLIT_PARAMS))
 
 
@@ -317,20 +310,9 @@ def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
     kernels = [split_kernel(d, pair, fp8) for d in C_TYPES for pair in (False, True) for fp8 in (False, True)]
     kernels += [split_kernel(d, merge=True) for d in C_TYPES]
-    if FUSED_COMBINE_MIN_QUERY_ROWS is not None:
-        kernels += fused_kernels()
     kernels += [combine_kernel(d, p) for d in C_TYPES for p in PARTIAL_C_TYPES]
     kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
-
-
-def fused_kernels(dtypes: tuple[torch.dtype, ...] = tuple(C_TYPES)) -> list[CudaKernel]:
-    """The wgmma kernel's fused-combine variants (FUSED_COMBINE_MIN_QUERY_ROWS) for ``dtypes`` queries:
-    listed for precompile only while the library uses them (benchmarks/timeline.py --precompile-fused)."""
-    kernels = [
-        split_kernel(d, pair, fp8, fused=True) for d in dtypes for pair in (False, True) for fp8 in (False, True)
-    ]
-    return kernels + [split_kernel(d, merge=True, fused=True) for d in dtypes]
 
 
 def merges_row_halves(call: MLADecodeCall) -> bool:
@@ -423,12 +405,11 @@ def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
 def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
     """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache,
     else the wgmma kernel (its fp8 variant for more rows of a per-tensor fp8 cache)."""
-    fused = combines_in_split(call)
     if call.kv_format not in FP8_FORMATS:
-        return split_kernel(call.q.dtype, pair, merge=merges_row_halves(call), fused=fused)
+        return split_kernel(call.q.dtype, pair, merge=merges_row_halves(call))
     if call.query_rows <= FP8_MAX_QUERY_ROWS:
         return fp8_split_kernel(call.q.dtype, call.kv_format)
-    return split_kernel(call.q.dtype, pair, fp8=True, fused=fused)
+    return split_kernel(call.q.dtype, pair, fp8=True)
 
 
 def partial_dtype(call: MLADecodeCall) -> torch.dtype:
@@ -439,13 +420,13 @@ def partial_dtype(call: MLADecodeCall) -> torch.dtype:
 
 
 def combines_in_split(call: MLADecodeCall) -> bool:
-    """Whether ``call``'s split kernel merges its split rows itself, so that no combine runs after it:
-    the 16-row fp8 kernel with ``Fp8Config.fused_combine``, the wgmma kernel from
-    ``FUSED_COMBINE_MIN_QUERY_ROWS``."""
-    if call.kv_format in FP8_FORMATS and call.query_rows <= FP8_MAX_QUERY_ROWS:
-        return FP8_CONFIGS[call.kv_format].fused_combine
-    low = FUSED_COMBINE_MIN_QUERY_ROWS
-    return low is not None and call.query_rows >= low
+    """Whether ``call``'s split kernel merges its split rows itself (the 16-row fp8 kernel with
+    ``Fp8Config.fused_combine``), so that no combine runs after it."""
+    return (
+        call.kv_format in FP8_FORMATS
+        and call.query_rows <= FP8_MAX_QUERY_ROWS
+        and FP8_CONFIGS[call.kv_format].fused_combine
+    )
 
 
 def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
@@ -528,6 +509,7 @@ class CutlassDecodePlan:
     # nothing at 64 rows (session 29, H100 timeline: 116.0 -> 115.5 us at 64 x 4096 x 64, 115.7 -> 116.1 at
     # Q = 4) and left the kernel slower than a CTA alone at 16 rows (4 x 1024: 11.6 against 10.6).
     early_merge_split = False
+    combines = True  # a combine launch follows the split kernel (none with the fp8 plan's fused_combine)
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
     min_blocks = 1
@@ -535,10 +517,6 @@ class CutlassDecodePlan:
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
         self.groups = groups = cdiv(call.query_rows, self.rows_per_cta)
-        self.combines = not self._fused_combine()  # else no combine launch follows the split kernel
-        # The fused combine's count of finished segments per (batch row, 64-row group): zero between
-        # launches (the merging CTA resets its own), so one zeroing serves every launch and graph replay.
-        self.row_done = torch.zeros(0 if self.combines else call.batch * groups, dtype=torch.int32, device=call.device)
         self.merge = merges_row_halves(call)
         self.device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
         shape = schedule_shape(
@@ -607,11 +585,7 @@ class CutlassDecodePlan:
             )
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge, fused=not self.combines)
-
-    def _fused_combine(self) -> bool:
-        """Whether the split kernel combines its split rows itself (no combine launch)."""
-        return combines_in_split(self.call)
+        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge)
 
     def _one_wave(self, shape: ScheduleShape) -> ScheduleShape:
         """``shape`` with no more pieces than CTAs of whole clusters the GPU runs at once (clusters need
@@ -646,13 +620,12 @@ class CutlassDecodePlan:
         return ()
 
     def _split_workspace(self) -> tuple[int, ...]:
-        """The partials and their lse, the rows' pieces and the fused combine's counters (0 without it)."""
-        row_done = 0 if self.combines else self.row_done.data_ptr()
-        return (*self._workspace, self.schedule.row_pieces.data_ptr(), row_done)
+        """The split kernel's workspace arguments: the partials and their lse."""
+        return self._workspace
 
     def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        """The wgmma kernel's last arguments: the per-tensor fp8 scale (0 for a bf16/fp16 cache), the batch."""
-        return 0, self.call.batch
+        """The wgmma kernel's last argument: the per-tensor fp8 scale (0 for a bf16/fp16 cache)."""
+        return (0,)
 
     def _tensor_maps(
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None
@@ -734,10 +707,13 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
         self.threads = FP8_GROUP_THREADS * self.config.groups
         self.min_blocks = self.config.min_blocks or fewest_blocks_per_piece(call, FP8_BLOCK_N, FP8_PIECES_PER_ROW)
+        self.combines = not self.config.fused_combine
+        # The fused combine's count of finished segments per batch row: zero between launches (the merging CTA
+        # resets its row's), so one zeroing here serves every launch, graph replays included.
+        self.row_done = torch.zeros(
+            call.batch if self.config.fused_combine else 0, dtype=torch.int32, device=call.device
+        )
         super().__init__(call)
-
-    def _fused_combine(self) -> bool:
-        return self.config.fused_combine
 
     def _split_kernel(self) -> CudaKernel:
         return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.config)
@@ -751,6 +727,11 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     def _partial_scale(self, kv_scale: torch.Tensor | None) -> int:
         """Per-tensor fp8's scale: the partials hold the cache's unscaled values."""
         return kv_scale.data_ptr() if self.call.kv_format == "fp8" else 0
+
+    def _split_workspace(self) -> tuple[int, ...]:
+        """The partials and their lse, the rows' pieces and the fused combine's counters (0 without it)."""
+        row_done = self.row_done.data_ptr() if self.config.fused_combine else 0
+        return (*self._workspace, self.schedule.row_pieces.data_ptr(), row_done)
 
     def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return (self.call.batch,)  # the scale is among the cache pointers
@@ -794,10 +775,10 @@ class CutlassFp8WideDecodePlan(CutlassDecodePlan):
     threads = THREADS  # no producer warpgroup: each consumer issues its own refills
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True, fused=not self.combines)
+        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True)
 
     def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        return kv_scale.data_ptr(), self.call.batch
+        return (kv_scale.data_ptr(),)
 
     def _encode_maps(
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int

@@ -820,7 +820,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       if (!whole) {
         const int first = row_pieces[b], count = row_pieces[batch + b] - first + 1;
         if (tilegym_cutlass::count_segment(row_done + b, count, last_segment, wt == 0, [&] { group_sync(0); })) {
-          tilegym_cutlass::combine_split_rows<kRows, kThreads, 8>(part_out, part_lse, (long long)first + b, count, query_rows, 0,
+          tilegym_cutlass::combine_split_rows<kRows, kThreads>(part_out, part_lse, (long long)first + b, count, query_rows, 0,
                                                                out + (long long)b * query_rows * kD,
                                                                write_lse ? out_lse + (long long)b * query_rows : nullptr,
                                                                out_factor, wt);
