@@ -316,7 +316,10 @@ def splitk_reduce_float64(partial_out: torch.Tensor, partial_lse: torch.Tensor) 
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected|| in float64 (0 when both are all zeros)."""
+    """||actual - expected|| / ||expected|| in float64 (0 when both are all zeros). The shapes must
+    match: a broadcast difference measures the wrong thing."""
+    if actual.shape != expected.shape:
+        raise ValueError(f"relative_error: shape {tuple(actual.shape)} against {tuple(expected.shape)}")
     actual, expected = actual.detach().cpu().double(), expected.detach().cpu().double()
     denom = expected.norm().item()
     diff = (actual - expected).norm().item()
@@ -342,7 +345,10 @@ def assert_matches_float64(
 ) -> None:
     """Check a decode's output and lse against the float64 oracle: finite output (a read past a row
     shows up as NaN), rel. L2 error within ``rel_tol``, lse -inf exactly on the empty rows and within
-    ``lse_atol + lse_rtol * |expected lse|`` elsewhere. ``seed`` goes into every message."""
+    ``lse_atol + lse_rtol * |expected lse|`` elsewhere. ``seed`` goes into every message. Shapes must
+    match exactly: a broadcast comparison would measure the wrong thing."""
+    assert out.shape == expected.shape, f"output shape {tuple(out.shape)} != expected {tuple(expected.shape)}"
+    assert lse.shape == expected_lse.shape, f"lse shape {tuple(lse.shape)} != expected {tuple(expected_lse.shape)}"
     assert bool(torch.isfinite(out).all()), f"non-finite output (a read past a row?), seed {seed}"
     err = relative_error(out, expected)
     assert err <= rel_tol, f"rel. L2 error {err:.2e} > {rel_tol:.1e}, seed {seed}"
