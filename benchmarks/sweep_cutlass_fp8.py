@@ -26,27 +26,8 @@ from tilegym.timing import time_calls
 
 ROTATING_SETS = 4
 Config = cutlass_mla.Fp8Config
-# (stages, warpgroups, CTAs per SM, k-steps per score accumulator[, fewest blocks, fused combine])
-CONFIGS = [
-    Config(2, 1, 2, 4),
-    Config(2, 1, 2, 4, fused_combine=True),
-    Config(4, 2, 1, 4),
-    Config(5, 2, 1, 4),
-    Config(4, 3, 1, 4),
-    Config(5, 3, 1, 4),
-]
-
-
-def config_name(c: Config) -> str:
-    """``stages x groups x CTAs/SM x k-steps [x fewest blocks]``, ``c`` appended for a fused combine."""
-    fields = c[:4] if c.min_blocks is None else c[:5]
-    return "x".join(map(str, fields)) + ("c" if c.fused_combine else "")
-
-
-def parse_config(text: str) -> Config:
-    """The inverse of ``config_name``."""
-    fused = text.endswith("c")
-    return Config(*map(int, text.removesuffix("c").split("x")), fused_combine=fused)
+# (stages, warpgroups, CTAs per SM, k-steps per score accumulator)
+CONFIGS = [Config(2, 1, 2, 4), Config(4, 2, 1, 4), Config(5, 2, 1, 4), Config(4, 3, 1, 4), Config(5, 3, 1, 4)]
 
 
 def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
@@ -88,13 +69,12 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> No
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, config, err, lse_err))
     print(f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_CONFIGS[fmt]})")
-    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | fused | rel. L2 | lse max abs err |"
+    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | rel. L2 | lse max abs error |"
     print(header)
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for us, config, err, lse_err in sorted(rows):
         pct = 100 * nbytes / (us * 1e3) / copy_gbps
         fields = f"{config.stages} | {config.groups} | {config.ctas_per_sm} | {config.chunk} | {config.min_blocks}"
-        fields += f" | {'yes' if config.fused_combine else 'no'}"
         print(f"| {us:.1f} | {pct:.0f} | {fields} | {err:.1e} | {lse_err:.1e} |")
 
 
@@ -113,15 +93,15 @@ def main() -> None:
     parser.add_argument("--formats", default="fp8,fp8_ds_mla")
     parser.add_argument(
         "--configs",
-        default=",".join(map(config_name, CONFIGS)),
-        help="stages x warpgroups x CTAs/SM x k-steps per accumulator [x fewest blocks][c: fused combine], ...",
+        default=",".join("x".join(map(str, c[:4])) for c in CONFIGS),
+        help="stages x warpgroups x CTAs/SM x k-steps per accumulator [x fewest blocks per piece], ...",
     )
     parser.add_argument("--precompile", action="store_true")
     args = parser.parse_args()
     if args.precompile:
         precompile()
         return
-    configs = [parse_config(c) for c in args.configs.split(",")]
+    configs = [Config(*map(int, c.split("x"))) for c in args.configs.split(",")]
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s")
     for text in args.shapes.split(","):

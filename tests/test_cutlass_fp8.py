@@ -113,9 +113,9 @@ def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
     """1 KB alignment pad + stages of (64 tokens x 576 B) + the query as e4m3 parts (2 x 16 rows for
     bf16, 3 x 16 for fp16) + S [16, 72] float32 per warpgroup + the row scales + an mbarrier and a
     count of issued uses per stage; fp8_ds_mla: stages of 64 x 656 B, e4m3 latent parts + the bf16
-    rope query [16, 64]; the fused combine's flag (4 bytes)."""
+    rope query [16, 64]."""
     config = cutlass_mla.Fp8Config(stages=2, groups=1, ctas_per_sm=2)
-    rest = 1024 + 16 * 72 * 4 + 16 * 4 + 2 * 12 + 4
+    rest = 1024 + 16 * 72 * 4 + 16 * 4 + 2 * 12
     bf16, fp16 = torch.bfloat16, torch.float16
     assert cutlass_mla.fp8_shared_bytes("fp8", config, bf16) == 2 * 64 * 576 + 32 * 576 + rest
     assert cutlass_mla.fp8_shared_bytes("fp8", config, fp16) == 2 * 64 * 576 + 48 * 576 + rest
@@ -176,19 +176,11 @@ GPU_CASES = [
 ]
 
 
-# The configurations the sweep compares besides the default: several warpgroups sharing one ring, and
-# the split kernel combining its split rows itself (no combine launch).
-FUSED_CONFIG = cutlass_mla.Fp8Config(2, 1, 2, fused_combine=True)
-OTHER_CONFIGS = [cutlass_mla.Fp8Config(4, 3, 1), cutlass_mla.Fp8Config(4, 2, 1), FUSED_CONFIG]
+# The configurations the sweep compares besides the default: several warpgroups sharing one ring.
+OTHER_CONFIGS = [cutlass_mla.Fp8Config(4, 3, 1), cutlass_mla.Fp8Config(4, 2, 1)]
 
 
-def config_id(config) -> str:
-    if config is None:
-        return "default"
-    return "x".join(map(str, config[:3])) + ("-fused" if config.fused_combine else "")
-
-
-@pytest.fixture(params=[None, *OTHER_CONFIGS], ids=config_id)
+@pytest.fixture(params=[None, *OTHER_CONFIGS], ids=lambda c: "default" if c is None else "x".join(map(str, c[:3])))
 def fp8_config(request, monkeypatch):
     """Each GPU case runs with the default configuration and with OTHER_CONFIGS (plans rebuilt).
     The library builds only the defaults: OTHER_CONFIGS' variants come from the sweep's precompile,
@@ -258,47 +250,6 @@ def test_a_per_tensor_scale_needs_no_alignment() -> None:
     out, lse = mla_decoding_split_kv(x.q, x.qpe, x.kv, x.kpe, kv_scale=scale, return_lse=True, backend=BACKEND)
     expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
     check(out, lse, expected, "fp8", torch.bfloat16, seed)
-
-
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
-@pytest.mark.gpu
-def test_the_fused_combine_leaves_its_counters_zero_for_the_next_launch(fmt) -> None:
-    """FUSED_CONFIG: the CTA that counts a split row's last segment merges the row and zeroes its
-    counter. Three launches of one plan (fresh inputs each; pieces of 2 blocks, so rows of 2-32
-    segments; an empty row, a one-token row) each match float64, and every counter is 0 after them."""
-    require_cutlass()
-    if not cutlass_mla.fp8_split_kernel(torch.bfloat16, fmt, FUSED_CONFIG).available("sm_90a"):
-        pytest.skip("no cubin for the fused-combine config: run `python benchmarks/sweep_cutlass_fp8.py --precompile`")
-    generator, seed = fresh_generator()
-    lens = [0, 1, 4096, 700, 64, 1500, 129]
-    plan = None
-    for _ in range(3):
-        x = make_mla_inputs(
-            len(lens),
-            16,
-            4096,
-            kv_dtype=FP8 if fmt == "fp8" else None,
-            kv_lens=lens,
-            device="cuda",
-            generator=generator,
-        )
-        kwargs, cache = cache_kwargs(x, fmt, "dense", generator=generator)
-        call = validate_mla_decoding(x.q, x.qpe, kv_len_per_split=128, return_lse=True, **kwargs)
-        plan = plan or cutlass_mla.CutlassFp8DecodePlan(call, FUSED_CONFIG)
-        out = torch.full_like(call.out, float("nan"))  # every element must be written
-        lse = torch.full(x.q.shape[:-1], float("nan"), device="cuda")
-        plan.run(call.q, call.qpe, call.kv, call.kpe, call.kv_scale, out, lse)
-        latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
-        scale = x.kv_scale if fmt == "fp8" else None
-        check(
-            out.view(*x.q.shape[:-1], out.shape[-1]),  # the plan's [B, Q=1, H, D] as the oracle's [B, H, D]
-            lse,
-            mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale),
-            fmt,
-            x.q.dtype,
-            seed,
-        )
-    assert plan.row_done.tolist() == [0] * len(lens), f"counters left after the launches: {plan.row_done.tolist()}"
 
 
 @pytest.mark.parametrize("offset", [1, 4], ids=["2-byte", "8-byte"])

@@ -1,11 +1,9 @@
 // Shared helpers of the cutlass backend's kernels (mla_decoding_split_kv.cuh, the wgmma kernel, and
 // mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies, the proxy fence before wgmma reads
-// them, shared addresses, exp2, mbarriers and TMA loads, the page lookup and TMA box coordinates of
-// the split schedule's cache layouts, and the fused combine (a split kernel merging its split rows).
+// them, shared addresses, exp2, mbarriers and TMA loads, and the page lookup and TMA box
+// coordinates of the split schedule's cache layouts.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace tilegym_cutlass {
@@ -184,114 +182,6 @@ __device__ __forceinline__ BoxOrigin box_origin(const int* pages, int b, int pos
     at.row = pos % page_size;
   }
   return at;
-}
-
-// ---- The fused combine --------------------------------------------------------------------------
-// A split kernel built with it merges its split rows itself, and no combine kernel runs after it.
-// Each CTA's partial stores are made visible device-wide (__threadfence) before one of its threads
-// counts the segment in row_done[b] (a counter per batch row and 64-row group, zero between
-// launches); the CTA that counts the row's last segment reads every partial of the row back through
-// L2 (ld.global.cg: this SM's L1 must not serve a stale line), writes the output and lse, and sets
-// the counter back to 0 for the next launch. The merge is the combine's (mla_decoding_combine.cuh):
-//   out[r, d] = out_factor * sum_s exp(lse[s, r] - m) * partial[s, r, d] / sum_s exp(lse[s, r] - m)
-
-// Whether this CTA counted the row's last segment. Called by every thread of `sync` (a barrier of
-// the threads that stored the partial) after its partial stores; `flag`: an int in shared memory.
-template <typename Sync>
-__device__ __forceinline__ bool count_segment(int* counter, int count, int* flag, bool leader, Sync sync) {
-  __threadfence();
-  sync();
-  if (leader) *flag = atomicAdd(counter, 1) == count - 1;
-  sync();
-  const bool last = *flag != 0;
-  if (last) __threadfence();
-  return last;
-}
-
-// Eight consecutive partial columns as floats: fp16 partials in one 16-byte load, float32 in two.
-__device__ __forceinline__ void load8_cg(const __half* p, float (&v)[8]) {
-  const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p));
-  const uint32_t* words = &raw.x;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void load8_cg(const float* p, float (&v)[8]) {
-  const float4 lo = __ldcg(reinterpret_cast<const float4*>(p)), hi = __ldcg(reinterpret_cast<const float4*>(p) + 1);
-  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-}
-__device__ __forceinline__ uint32_t pack_pair(__nv_bfloat16*, float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ uint32_t pack_pair(__half*, float a, float b) {
-  const __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Merges query rows r0 .. r0 + kRows - 1 (those below query_rows) of batch row b, whose `count`
-// segments sit in slots first_slot .., into out_b / lse_b (batch row b's output; lse_b null: none).
-// kThreads threads, thread t: rows r0 + t / 8 + i * kThreads / 8, the 8-column chunks t % 8 + 8 k
-// (k < 8); each pass over the slots keeps two slots' loads in flight.
-// Memory traffic per row: count * (512 * sizeof(TPart) + 4) B read (L2), 512 * sizeof(TOut) B written.
-template <int kRows, int kThreads, typename TPart, typename TOut>
-__device__ __forceinline__ void combine_split_rows(const TPart* part_out, const float* part_lse, long long first_slot,
-                                                   int count, int query_rows, int r0, TOut* out_b, float* lse_b,
-                                                   float out_factor, int t) {
-  constexpr int kD = 512;
-  constexpr float kLog2e = 1.4426950408889634f;
-  static_assert(kThreads % 8 == 0 && kRows % (kThreads / 8) == 0, "8 threads per row, whole passes");
-#pragma unroll 1
-  for (int pass = 0; pass < kRows / (kThreads / 8); ++pass) {
-    const int r = r0 + t / 8 + pass * (kThreads / 8), c0 = t % 8;
-    if (r >= query_rows) return;
-    float m = -INFINITY;
-    for (int s = 0; s < count; ++s) m = fmaxf(m, __ldcg(part_lse + (first_slot + s) * query_rows + r));
-    const float shift = m == -INFINITY ? 0.f : m;  // every slot empty: no inf - inf
-    float acc[64];
-#pragma unroll
-    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
-    float total = 0.f;
-#pragma unroll 2
-    for (int s = 0; s < count; ++s) {
-      const long long slot_row = (first_slot + s) * query_rows + r;
-      const float lse = __ldcg(part_lse + slot_row);
-      float v[8][8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) load8_cg(part_out + slot_row * kD + 8 * (c0 + 8 * k), v[k]);
-      if (lse == -INFINITY) continue;  // a query row that saw no token there weighs nothing
-      const float w = exp2f((lse - shift) * kLog2e);
-      total += w;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[8 * k + i] += w * v[k][i];
-      }
-    }
-    const float inv = total == 0.f ? 0.f : out_factor / total;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      uint4 packed;
-      uint32_t* words = &packed.x;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) words[i] = pack_pair(out_b, acc[8 * k + 2 * i] * inv, acc[8 * k + 2 * i + 1] * inv);
-      reinterpret_cast<uint4*>(out_b + (long long)r * kD)[c0 + 8 * k] = packed;
-    }
-    if (lse_b != nullptr && c0 == 0) lse_b[r] = total == 0.f ? -INFINITY : shift + logf(total);
-  }
-}
-
-// Zeros and lse -inf for query rows r0 .. r1 - 1 of a batch row with no token (it has no segment).
-template <typename TOut>
-__device__ __forceinline__ void write_empty_rows(TOut* out_b, float* lse_b, int r0, int r1, int t, int threads) {
-  constexpr int kChunks = 512 / 8;  // 16-byte chunks per row
-  for (int i = r0 * kChunks + t; i < r1 * kChunks; i += threads) reinterpret_cast<uint4*>(out_b)[i] = make_uint4(0, 0, 0, 0);
-  if (lse_b != nullptr) {
-    for (int r = r0 + t; r < r1; r += threads) lse_b[r] = -INFINITY;
-  }
 }
 
 }  // namespace tilegym_cutlass

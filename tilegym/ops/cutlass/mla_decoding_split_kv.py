@@ -96,7 +96,7 @@ MAX_GRID_Y = 65535
 SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, piece bounds, piece rows
 TENSOR_MAP = "const __grid_constant__ CUtensorMap"
 SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int", "const float*")
-FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int", "int")
+FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int")
 
 FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
 FP8_KERNEL = "mla_decode_fp8_split_kernel"
@@ -118,16 +118,14 @@ FP8_MAX_GROUPS = 1024 // FP8_GROUP_THREADS  # warpgroups in a CTA of at most 102
 class Fp8Config(NamedTuple):
     """Settings of the fp8 kernel and its plan: blocks in the shared ring (read or in flight),
     warpgroups per CTA (each takes every groups-th block), CTAs per SM (the kernel's register
-    budget follows from both), score k-steps per fp8 accumulator, the schedule's fewest blocks
-    per piece, and whether the CTA that finishes a split row's last segment merges the row (no
-    combine launch)."""
+    budget follows from both), score k-steps per fp8 accumulator, and the schedule's fewest blocks
+    per piece."""
 
     stages: int
     groups: int
     ctas_per_sm: int
     chunk: int = 4  # k-steps (32 columns) per fresh score accumulator, summed in float32
     min_blocks: int | None = None  # fewest blocks per schedule piece; None: FP8_PIECES_PER_ROW's rule
-    fused_combine: bool = False  # the split kernel merges its split rows itself (kFusedCombine)
 
 
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200: one warpgroup in each of two CTAs per
@@ -241,7 +239,7 @@ def fp8_shared_bytes(kv_format: str, config: Fp8Config, dtype: torch.dtype = tor
     parts = rows * fp8_query_parts(dtype)  # staged query rows: the e4m3 parts
     query = parts * HEAD_DIM + (parts * ROPE_DIM if kv_format == "fp8" else rows * ROPE_DIM * 2)
     scores = config.groups * rows * (n + 8) * 4  # S [16, 64 + 8 padding], float32, per warpgroup
-    barriers = config.stages * (8 + 4) + 4  # an mbarrier and a count of issued uses per stage, a flag
+    barriers = config.stages * (8 + 4)  # an mbarrier and a count of issued uses per stage
     return TILE_ALIGN + config.stages * fp8_stage_bytes(kv_format) + query + scores + rows * 4 + barriers
 
 
@@ -294,10 +292,8 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
     ctype = C_TYPES[dtype]
     caches = ("const float*", "const unsigned char*", "const unsigned char*")  # tensor scale, rope, scales
     part = PARTIAL_C_TYPES[FP8_PARTIAL_DTYPE]
-    workspace = (f"{part}*", "float*", "const int*", "int*")  # partials, their lse, row_pieces, merge counters
-    pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", *workspace)
-    c = config
-    template = (ctype, FP8_FORMATS[kv_format], c.stages, c.groups, c.ctas_per_sm, c.chunk, int(c.fused_combine))
+    pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", f"{part}*", "float*")
+    template = (ctype, FP8_FORMATS[kv_format], config.stages, config.groups, config.ctas_per_sm, config.chunk)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
@@ -419,20 +415,8 @@ def partial_dtype(call: MLADecodeCall) -> torch.dtype:
     return torch.float32
 
 
-def combines_in_split(call: MLADecodeCall) -> bool:
-    """Whether ``call``'s split kernel merges its split rows itself (the 16-row fp8 kernel with
-    ``Fp8Config.fused_combine``), so that no combine runs after it."""
-    return (
-        call.kv_format in FP8_FORMATS
-        and call.query_rows <= FP8_MAX_QUERY_ROWS
-        and FP8_CONFIGS[call.kv_format].fused_combine
-    )
-
-
 def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
     split = _split_kernel_of(call, cdiv(call.query_rows, ROWS_PER_CTA) == PAIR_GROUPS)
-    if combines_in_split(call):
-        return (("split", split),)
     return (("split", split), ("combine", combine_kernel(call.q.dtype, partial_dtype(call))))
 
 
@@ -509,7 +493,6 @@ class CutlassDecodePlan:
     # nothing at 64 rows (session 29, H100 timeline: 116.0 -> 115.5 us at 64 x 4096 x 64, 115.7 -> 116.1 at
     # Q = 4) and left the kernel slower than a CTA alone at 16 rows (4 x 1024: 11.6 against 10.6).
     early_merge_split = False
-    combines = True  # a combine launch follows the split kernel (none with the fp8 plan's fused_combine)
     programs_per_sm = 1
     block_n = TOKENS_PER_BLOCK
     min_blocks = 1
@@ -574,15 +557,13 @@ class CutlassDecodePlan:
             self._shared_bytes(),
             early_start=self.early_split and groups != PAIR_GROUPS and (self.early_merge_split or not self.merge),
         )
-        self._launch_combine = None  # the split kernel merges its split rows itself
-        if self.combines:
-            combine = combine_kernel(call.q.dtype, self.part_out.dtype)
-            self._launch_combine = combine.bind(
-                self.device_index,
-                (cdiv(rows, per_cta), call.batch, 1),
-                (COMBINE_THREADS, 1, 1),
-                early_start=self.early_combine,
-            )
+        combine = combine_kernel(call.q.dtype, self.part_out.dtype)
+        self._launch_combine = combine.bind(
+            self.device_index,
+            (cdiv(rows, per_cta), call.batch, 1),
+            (COMBINE_THREADS, 1, 1),
+            early_start=self.early_combine,
+        )
 
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge)
@@ -619,11 +600,7 @@ class CutlassDecodePlan:
     def _cache_strides(self) -> tuple[int, ...]:
         return ()
 
-    def _split_workspace(self) -> tuple[int, ...]:
-        """The split kernel's workspace arguments: the partials and their lse."""
-        return self._workspace
-
-    def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+    def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         """The wgmma kernel's last argument: the per-tensor fp8 scale (0 for a bf16/fp16 cache)."""
         return (0,)
 
@@ -665,8 +642,7 @@ class CutlassDecodePlan:
         out: torch.Tensor,
         lse: torch.Tensor | None,
     ) -> None:
-        """Both launches (or the split kernel alone, when it merges) on the current stream: write
-        ``out`` (and ``lse`` when given)."""
+        """Both launches on the current stream: write ``out`` (and ``lse`` when given)."""
         stream = torch._C._cuda_getCurrentRawStream(self.device_index)
         out_ptr, lse_ptr = out.data_ptr(), 0 if lse is None else lse.data_ptr()
         split_args = (
@@ -676,14 +652,12 @@ class CutlassDecodePlan:
             *self._split_schedule,
             out_ptr,
             lse_ptr,
-            *self._split_workspace(),
+            *self._workspace,
             *self._split_sizes,
             *self._tensor_maps(kv, kpe, kv_scale),
-            *self._split_tail(kv_scale),
+            *self._scale_pointer(kv_scale),
         )
         self._launch_split(split_args, stream)
-        if self._launch_combine is None:
-            return
         combine_args = (*self._combine_schedule, out_ptr, lse_ptr, *self._combine_sizes, self._partial_scale(kv_scale))
         self._launch_combine(combine_args, stream)
 
@@ -707,12 +681,6 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
         self.threads = FP8_GROUP_THREADS * self.config.groups
         self.min_blocks = self.config.min_blocks or fewest_blocks_per_piece(call, FP8_BLOCK_N, FP8_PIECES_PER_ROW)
-        self.combines = not self.config.fused_combine
-        # The fused combine's count of finished segments per batch row: zero between launches (the merging CTA
-        # resets its row's), so one zeroing here serves every launch, graph replays included.
-        self.row_done = torch.zeros(
-            call.batch if self.config.fused_combine else 0, dtype=torch.int32, device=call.device
-        )
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:
@@ -728,13 +696,8 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         """Per-tensor fp8's scale: the partials hold the cache's unscaled values."""
         return kv_scale.data_ptr() if self.call.kv_format == "fp8" else 0
 
-    def _split_workspace(self) -> tuple[int, ...]:
-        """The partials and their lse, the rows' pieces and the fused combine's counters (0 without it)."""
-        row_done = self.row_done.data_ptr() if self.config.fused_combine else 0
-        return (*self._workspace, self.schedule.row_pieces.data_ptr(), row_done)
-
-    def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        return (self.call.batch,)  # the scale is among the cache pointers
+    def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+        return ()  # among the cache pointers
 
     def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         """The per-tensor scale (one float read on the device), and the rope and fp8_ds_mla's scales for
@@ -777,7 +740,7 @@ class CutlassFp8WideDecodePlan(CutlassDecodePlan):
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True)
 
-    def _split_tail(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
+    def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return (kv_scale.data_ptr(),)
 
     def _encode_maps(

@@ -227,7 +227,8 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-using tilegym_cutlass::pack_pair;
+__device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
 
 // 16 consecutive columns j = 0..15 of acc[j][k] * f, as two 16-byte stores of 16-bit values.
 template <typename T16>
@@ -239,7 +240,8 @@ __device__ __forceinline__ void store16_columns(T16* dst, const float (&acc)[16]
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const int j = 8 * v + 2 * w;
-      words[w] = pack_pair(dst, acc[j][k] * f, acc[j + 1][k] * f);
+      auto pair = pack2(dst, acc[j][k] * f, acc[j + 1][k] * f);
+      words[w] = *reinterpret_cast<uint32_t*>(&pair);
     }
     reinterpret_cast<uint4*>(dst)[v] = packed;
   }
@@ -334,20 +336,19 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
 
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk, int kFusedCombine>
+template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk>
 __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const float* __restrict__ tensor_scale,
     const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
     const int* __restrict__ table, const int* __restrict__ indptr, const int* __restrict__ lens,
     const int* __restrict__ cum_blocks, const int* __restrict__ piece_bounds, const int* __restrict__ piece_rows,
     T* __restrict__ out, float* __restrict__ out_lse, __half* __restrict__ part_out, float* __restrict__ part_lse,
-    const int* __restrict__ row_pieces, int* __restrict__ row_done,
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
     long long qpe_sq, long long qpe_sh, long long table_sb, long long rope_s0, long long rope_s1, long long scale_s0,
     long long scale_s1, float qk_scale_log2,
     const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
-    const __grid_constant__ CUtensorMap scale_map, int box_rows, int batch) {
+    const __grid_constant__ CUtensorMap scale_map, int box_rows) {
   using namespace tilegym_fp8;
   using L = Tiles<kFormat, T>;
   constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
@@ -362,7 +363,6 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   float* q_unscale = s_all + kGroups * kRows * kSRow;                    // [16]: 2^-shift per row
   uint64_t* full = reinterpret_cast<uint64_t*>(q_unscale + kRows);       // [kStages]: the stage landed
   int* issued = reinterpret_cast<int*>(full + kStages);                  // [kStages]: uses issued so far
-  int* last_segment = issued + kStages;  // kFusedCombine: 1 when this CTA counted its row's last segment
 
   const int tid = threadIdx.x, wg = tid >> 7, wt = tid & (kThreads - 1), warp = wt >> 5, lane = tid & 31;
   const int g = lane >> 2, quad = lane & 3;  // mma fragment coordinates
@@ -814,27 +814,6 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         } else {
           part_lse[slot * query_rows + r] = lse[h];
         }
-      }
-    }
-    if constexpr (kFusedCombine) {  // the CTA that counts the row's last segment merges the row
-      if (!whole) {
-        const int first = row_pieces[b], count = row_pieces[batch + b] - first + 1;
-        if (tilegym_cutlass::count_segment(row_done + b, count, last_segment, wt == 0, [&] { group_sync(0); })) {
-          tilegym_cutlass::combine_split_rows<kRows, kThreads>(part_out, part_lse, (long long)first + b, count, query_rows, 0,
-                                                               out + (long long)b * query_rows * kD,
-                                                               write_lse ? out_lse + (long long)b * query_rows : nullptr,
-                                                               out_factor, wt);
-          if (wt == 0) row_done[b] = 0;  // ready for the next launch
-        }
-      }
-    }
-  }
-  if constexpr (kFusedCombine) {  // rows without a token have no segment: this CTA's share of them
-    for (int b = piece; b < batch; b += num_pieces) {
-      if (row_pieces[batch + b] < row_pieces[b]) {
-        tilegym_cutlass::write_empty_rows(out + (long long)b * query_rows * kD,
-                                          write_lse ? out_lse + (long long)b * query_rows : nullptr, 0, query_rows, tid,
-                                          kThreads * kGroups);
       }
     }
   }
