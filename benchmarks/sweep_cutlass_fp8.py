@@ -1,12 +1,14 @@
 """Sweep the cutlass fp8 kernel's configurations on the GPU (a development tool).
 
-    python benchmarks/sweep_cutlass_fp8.py [--shapes 64x4096x16,128x8192x16,128x4096x16] [--formats fp8,fp8_ds_mla]
+    python benchmarks/sweep_cutlass_fp8.py [--shapes 64x4096x16,128x8192x16,64xU8192x16] [--formats fp8,fp8_ds_mla]
     python benchmarks/sweep_cutlass_fp8.py --precompile   # on the CPU machine: build every variant
 
 For each shape and format it plans the call once per ``Fp8Config`` (stages, warpgroups, CTAs per SM,
 k-steps per score accumulator, fewest blocks per schedule piece) that fits in shared memory, checks the
 output and lse against float64, times CUDA-graph replays over rotating input sets and prints one
-table per shape, fastest first, with the same-run copy bandwidth counting the format's bytes. The
+table per shape, fastest first, with the same-run copy bandwidth counting the format's bytes. A shape
+``BxUSxH`` gives the rows lengths drawn uniformly from [1, S] (one draw, the same for every input set).
+The
 chosen defaults go into ``FP8_CONFIGS``. Compare builds only within one device call: this
 kernel's times move by up to 12 % between calls.
 """
@@ -30,27 +32,41 @@ Config = cutlass_mla.Fp8Config
 CONFIGS = [Config(2, 1, 2, 4), Config(4, 2, 1, 4), Config(5, 2, 1, 4), Config(4, 3, 1, 4), Config(5, 3, 1, 4)]
 
 
-def inputs(shape: Shape, fmt: str, seed: int) -> tuple[dict, object, object]:
+def parse_shape(text: str) -> tuple[Shape, list[int]]:
+    """``BxSxH`` (every row S tokens) or ``BxUSxH`` (lengths uniform in [1, S], a fixed draw)."""
+    b, s, h = text.split("x")
+    batch, heads, mixed = int(b), int(h), s.startswith("U")
+    seq_len = int(s.removeprefix("U"))
+    if not mixed:
+        return Shape(batch, seq_len, heads), [seq_len] * batch
+    lens = torch.randint(1, seq_len + 1, (batch,), generator=torch.Generator().manual_seed(batch * seq_len))
+    return Shape(batch, seq_len, heads, lengths="uniform"), lens.tolist()
+
+
+def inputs(shape: Shape, lens: list[int], fmt: str, seed: int) -> tuple[dict, object, object]:
     g = torch.Generator().manual_seed(seed)
     kv_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
-    x = make_mla_inputs(shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, device="cuda", generator=g)
+    mixed_lens = None if shape.lengths == "full" else lens  # equal rows: no kv_lens, as before
+    x = make_mla_inputs(
+        shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, kv_lens=mixed_lens, device="cuda", generator=g
+    )
     if fmt == "fp8":
-        return {"q": x.q, "qpe": x.qpe, "kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale}, x, None
+        return {"q": x.q, "qpe": x.qpe, "kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale, "kv_lens": x.kv_lens}, x, None
     cache = pack_cache(x, fmt)
-    return {"q": x.q, "qpe": x.qpe, **cache.op_kwargs()}, x, cache
+    return {"q": x.q, "qpe": x.qpe, "kv_lens": x.kv_lens, **cache.op_kwargs()}, x, cache
 
 
 def expected(x, cache) -> tuple[torch.Tensor, torch.Tensor]:
     if cache is None:
-        return mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
-    return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope)
+        return mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale)
+    return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope, kv_lens=x.kv_lens)
 
 
-def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> None:
-    sets = [inputs(shape, fmt, seed) for seed in range(ROTATING_SETS)]
+def sweep(shape: Shape, lens: list[int], fmt: str, copy_gbps: float, configs: list[Config]) -> None:
+    sets = [inputs(shape, lens, fmt, seed) for seed in range(ROTATING_SETS)]
     calls = [validate_mla_decoding(**s[0]) for s in sets]
     reference, reference_lse = expected(*sets[0][1:])
-    nbytes = traffic_bytes(shape, shape.batch * shape.seq_len, kv_bytes_per_token(fmt))
+    nbytes = traffic_bytes(shape, sum(lens), kv_bytes_per_token(fmt))
     rows = []
     for config in configs:
         if not cutlass_mla.fp8_config_fits(fmt, config):
@@ -68,7 +84,9 @@ def sweep(shape: Shape, fmt: str, copy_gbps: float, configs: list[Config]) -> No
         lse_err = (lse.cpu().double() - reference_lse).abs().max().item()
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, config, err, lse_err))
-    print(f"\n## {shape.batch}x{shape.seq_len}x{shape.heads} {fmt} (default {cutlass_mla.FP8_CONFIGS[fmt]})")
+    mixed = "U" if shape.lengths != "full" else ""
+    title = f"{shape.batch}x{mixed}{shape.seq_len}x{shape.heads} {fmt}"
+    print(f"\n## {title}, {sum(lens)} tokens (default {cutlass_mla.FP8_CONFIGS[fmt]})")
     header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | rel. L2 | lse max abs error |"
     print(header)
     print("|---|---|---|---|---|---|---|---|---|")
@@ -105,9 +123,9 @@ def main() -> None:
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s")
     for text in args.shapes.split(","):
-        b, s, h = map(int, text.split("x"))
+        shape, lens = parse_shape(text)
         for fmt in args.formats.split(","):
-            sweep(Shape(b, s, h), fmt, ceilings.copy_gbps, configs)
+            sweep(shape, lens, fmt, ceilings.copy_gbps, configs)
 
 
 if __name__ == "__main__":
