@@ -101,10 +101,11 @@ def test_every_variant_is_listed_for_precompile() -> None:
     import tilegym.ops.cutlass as backend
 
     names = sorted(k.instance_name for k in backend.all_kernels())
-    configs = (cutlass_mla.FP8_CONFIGS[f] for f in ("fp8", "fp8_ds_mla"))
-    fp8, ds = (f"{c.stages}, {c.groups}, {c.ctas_per_sm}, {c.chunk}" for c in configs)  # kStages .. kChunk
-    fp8 = [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {fp8}>" for c in ("__half", "__nv_bfloat16")]
-    fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}>")  # fp8_ds_mla: bf16 queries only
+    fp8 = []
+    for configs in (cutlass_mla.FP8_CONFIGS, cutlass_mla.FP8_FEW_BLOCKS_CONFIGS):
+        tiles, ds = (f"{c.stages}, {c.groups}, {c.ctas_per_sm}, {c.chunk}" for c in configs.values())  # kStages ..
+        fp8 += [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {tiles}>" for c in ("__half", "__nv_bfloat16")]
+        fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}>")  # fp8_ds_mla: bf16 queries only
     assert names == sorted(
         [
             *(

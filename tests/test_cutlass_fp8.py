@@ -109,6 +109,21 @@ def test_cache_rows_off_16_byte_boundaries_are_refused_with_a_reason() -> None:
     assert [r.split(" rows")[0] for r in reasons] == [f"cutlass needs kv's {p}" for p in ("values", "rope", "scales")]
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
+def test_calls_with_few_blocks_per_sm_take_the_few_blocks_config(fmt, monkeypatch) -> None:
+    """fp8_config: up to FP8_FEW_BLOCKS_PER_SM blocks of 64 tokens per SM (two SMs here) the shared-ring
+    config, from one block more the format's default."""
+    monkeypatch.setattr(cutlass_mla, "multiprocessor_count", lambda device: 2)
+    row_limit = cutlass_mla.FP8_FEW_BLOCKS_PER_SM * 64  # tokens per row of a batch of 2 at the limit
+    chosen = []
+    for seq_len in (1, row_limit, row_limit + 1):
+        x = make_mla_inputs(2, 16, seq_len, kv_dtype=FP8 if fmt == "fp8" else None)
+        kwargs, _ = cache_kwargs(x, fmt, "dense", generator=None)
+        chosen.append(cutlass_mla.fp8_config(validate_mla_decoding(x.q, x.qpe, **kwargs)))
+    few, default = cutlass_mla.FP8_FEW_BLOCKS_CONFIGS[fmt], cutlass_mla.FP8_CONFIGS[fmt]
+    assert few != default and chosen == [few, few, default]
+
+
 def test_the_shared_memory_size_matches_the_kernel_tiles() -> None:
     """1 KB alignment pad + stages of (64 tokens x 576 B) + the query as e4m3 parts (2 x 16 rows for
     bf16, 3 x 16 for fp16) + S [16, 72] float32 per warpgroup + the row scales + an mbarrier and a
@@ -176,13 +191,14 @@ GPU_CASES = [
 ]
 
 
-# The configurations the sweep compares besides the default: several warpgroups sharing one ring.
-OTHER_CONFIGS = [cutlass_mla.Fp8Config(4, 3, 1), cutlass_mla.Fp8Config(4, 2, 1)]
+# Besides the library's choice per call (fp8_config): each config it chooses from, and three warpgroups
+# sharing one ring (a config the sweep compares).
+OTHER_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2), cutlass_mla.Fp8Config(4, 2, 1), cutlass_mla.Fp8Config(4, 3, 1)]
 
 
 @pytest.fixture(params=[None, *OTHER_CONFIGS], ids=lambda c: "default" if c is None else "x".join(map(str, c[:3])))
 def fp8_config(request, monkeypatch):
-    """Each GPU case runs with the default configuration and with OTHER_CONFIGS (plans rebuilt).
+    """Each GPU case runs with the library's choice and with each of OTHER_CONFIGS (plans rebuilt).
     The library builds only the defaults: OTHER_CONFIGS' variants come from the sweep's precompile,
     and a case whose variant has no cubin here is skipped saying so (not failed as unsupported)."""
     from tilegym.ops import PLAN_CACHE
@@ -201,6 +217,7 @@ def fp8_config(request, monkeypatch):
             )
         configs = {fmt: request.param for fmt in cutlass_mla.FP8_CONFIGS}
         monkeypatch.setattr(cutlass_mla, "FP8_CONFIGS", configs)
+        monkeypatch.setattr(cutlass_mla, "FP8_FEW_BLOCKS_CONFIGS", configs)
     PLAN_CACHE.clear()
     yield request.param
     PLAN_CACHE.clear()

@@ -33,7 +33,7 @@ import torch
 
 from tilegym.ops.contract import DENSE, FP8_DS_MLA, RAGGED, MLADecodeCall
 from tilegym.ops.cubin_loader import CudaKernel
-from tilegym.ops.schedule import ScheduleShape, SplitSchedule, fewest_blocks_per_piece, schedule_shape
+from tilegym.ops.schedule import ScheduleShape, SplitSchedule, fewest_blocks_per_piece, most_blocks, schedule_shape
 from tilegym.utils import cdiv, multiprocessor_count
 
 HEADER = "mla_decoding_split_kv.cuh"
@@ -133,6 +133,12 @@ class Fp8Config(NamedTuple):
 # (128 x 8192 x 16: fp8 198.7 vs 209.6 us, fp8_ds_mla 218.4 vs 235.6) and lost where pieces cut rows
 # into short ones (a later call: 128 x 4096 x 16 127.0 vs 108.5 us, 64 x 8192 x 16 131.7 vs 108.4).
 FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2), FP8_DS_MLA: Fp8Config(2, 1, 2)}
+# Calls with at most FP8_FEW_BLOCKS_PER_SM blocks per SM (host-known sizes) take FP8_FEW_BLOCKS_CONFIGS:
+# two warpgroups sharing one CTA's four stages, one CTA per SM. With little work per SM a piece is
+# short, and two warpgroups share it instead of two CTAs each running half as many blocks alone.
+# H100, session 35 (benchmarks/NOTES_cutlass.md, "Session 35"): THRESHOLD_NOTE
+FP8_FEW_BLOCKS_CONFIGS = {"fp8": Fp8Config(4, 2, 1), FP8_DS_MLA: Fp8Config(4, 2, 1)}
+FP8_FEW_BLOCKS_PER_SM = 32
 FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
 # At most this many pieces per row of average length (H200, 1 x 32768 x 16 fp8: 256 pieces of 2
 # blocks 72.9 us, 64 pieces of 8 blocks 43.6 us; 4 x 1024 and 64 x 4096 unchanged).
@@ -297,6 +303,13 @@ def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | Non
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
+def fp8_config(call: MLADecodeCall) -> Fp8Config:
+    """The 16-row fp8 kernel's config for ``call``: FP8_FEW_BLOCKS_CONFIGS where the call has at most
+    FP8_FEW_BLOCKS_PER_SM blocks per SM, else FP8_CONFIGS."""
+    few = most_blocks(call, FP8_BLOCK_N) <= FP8_FEW_BLOCKS_PER_SM * multiprocessor_count(call.device)
+    return (FP8_FEW_BLOCKS_CONFIGS if few else FP8_CONFIGS)[call.kv_format]
+
+
 def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
     """Query dtypes the fp8 kernel takes with ``kv_format`` (fp8_ds_mla's rope is bf16)."""
     return (torch.bfloat16,) if kv_format == FP8_DS_MLA else tuple(C_TYPES)
@@ -307,7 +320,8 @@ def all_kernels() -> list[CudaKernel]:
     kernels = [split_kernel(d, pair, fp8) for d in C_TYPES for pair in (False, True) for fp8 in (False, True)]
     kernels += [split_kernel(d, merge=True) for d in C_TYPES]
     kernels += [combine_kernel(d, p) for d in C_TYPES for p in PARTIAL_C_TYPES]
-    kernels += [fp8_split_kernel(d, f) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
+    configs = (FP8_CONFIGS, FP8_FEW_BLOCKS_CONFIGS)
+    kernels += [fp8_split_kernel(d, f, c[f]) for c in configs for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
 
 
@@ -404,7 +418,7 @@ def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
     if call.kv_format not in FP8_FORMATS:
         return split_kernel(call.q.dtype, pair, merge=merges_row_halves(call))
     if call.query_rows <= FP8_MAX_QUERY_ROWS:
-        return fp8_split_kernel(call.q.dtype, call.kv_format)
+        return fp8_split_kernel(call.q.dtype, call.kv_format, fp8_config(call))
     return split_kernel(call.q.dtype, pair, fp8=True)
 
 
@@ -669,8 +683,8 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
     rows_per_cta = FP8_MAX_QUERY_ROWS
 
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
-        """``config`` other than the format's: benchmarks/sweep_cutlass_fp8.py."""
-        self.config = FP8_CONFIGS[call.kv_format] if config is None else config
+        """``config`` other than ``fp8_config(call)``: benchmarks/sweep_cutlass_fp8.py."""
+        self.config = fp8_config(call) if config is None else config
         c = self.config
         if not (c.stages >= 1 and 1 <= c.groups <= FP8_MAX_GROUPS and c.ctas_per_sm >= 1 and c.chunk >= 1):
             raise ValueError(
