@@ -14,9 +14,9 @@ mkdir -p "$OUT"
 source benchmarks/results/session21/step.sh
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/0-gpu.log" 2>&1
 cat "$OUT/0-gpu.log"
-step 1-fp8-ab 240 "$root" python3 benchmarks/sweep_cutlass_fp8.py \
+step 1-fp8-ab 150 "$root" python3 benchmarks/sweep_cutlass_fp8.py \
     --shapes 2x16384x16,16x4096x16,8x8192x16,16x8192x16,96x4096x16,64xU8192x16,128xU4096x16,32xU8192x16,8xU16384x16 \
     --formats fp8 --configs 2x1x2x4,4x2x1x4,4x2x1x4,2x1x2x4
 grep -E "^## |^\| [0-9]|copy|Error" "$OUT/1-fp8-ab.log"
-step 2-tests 150 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 8 -rfE tests/test_cutlass_fp8.py tests/test_cutlass_backend.py tests/test_parity.py
+step 2-tests 110 "$root" python3 -m pytest -p no:cacheprovider -m gpu -n 8 -rfE tests/test_cutlass_fp8.py tests/test_cutlass_backend.py
 grep -E "passed|failed" "$OUT/2-tests.log" | tail -n 3
