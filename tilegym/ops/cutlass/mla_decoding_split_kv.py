@@ -136,9 +136,12 @@ FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2), FP8_DS_MLA: Fp8Config(2, 1, 2)}
 # Calls with at most FP8_FEW_BLOCKS_PER_SM blocks per SM (host-known sizes) take FP8_FEW_BLOCKS_CONFIGS:
 # two warpgroups sharing one CTA's four stages, one CTA per SM. With little work per SM a piece is
 # short, and two warpgroups share it instead of two CTAs each running half as many blocks alone.
-# H100, session 35 (benchmarks/NOTES_cutlass.md, "Session 35"): THRESHOLD_NOTE
+# Session 35 (benchmarks/NOTES_cutlass.md, "Session 35"), fp8, default against this, on the H200:
+# 4 x 1024 x 16 9.9 -> 8.4 us, 1 x 32768 26.3 -> 22.7, 8 x 8192 24.6 -> 21.5 and 16 x 8192 31.7 -> 31.2
+# (15.5 blocks per SM), but 64 x 4096 48.9 -> 50.7 (31 per SM), 96 x 4096 71.0 -> 76.7, and mixed
+# lengths with more than 16 per SM by their longest row slower too (32 rows U[1, 8192]: 31.0 -> 32.3).
 FP8_FEW_BLOCKS_CONFIGS = {"fp8": Fp8Config(4, 2, 1), FP8_DS_MLA: Fp8Config(4, 2, 1)}
-FP8_FEW_BLOCKS_PER_SM = 32
+FP8_FEW_BLOCKS_PER_SM = 16
 FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
 # At most this many pieces per row of average length (H200, 1 x 32768 x 16 fp8: 256 pieces of 2
 # blocks 72.9 us, 64 pieces of 8 blocks 43.6 us; 4 x 1024 and 64 x 4096 unchanged).
