@@ -32,23 +32,21 @@ Config = cutlass_mla.Fp8Config
 CONFIGS = [Config(2, 1, 2, 4), Config(4, 2, 1, 4), Config(5, 2, 1, 4), Config(4, 3, 1, 4), Config(5, 3, 1, 4)]
 
 
-def parse_shape(text: str) -> tuple[Shape, list[int]]:
-    """``BxSxH`` (every row S tokens) or ``BxUSxH`` (lengths uniform in [1, S], a fixed draw)."""
+def parse_shape(text: str) -> tuple[Shape, list[int] | None]:
+    """``BxSxH`` (every row S tokens: no lengths) or ``BxUSxH`` (lengths uniform in [1, S], a fixed draw)."""
     b, s, h = text.split("x")
-    batch, heads, mixed = int(b), int(h), s.startswith("U")
-    seq_len = int(s.removeprefix("U"))
-    if not mixed:
-        return Shape(batch, seq_len, heads), [seq_len] * batch
+    batch, heads, seq_len = int(b), int(h), int(s.removeprefix("U"))
+    if not s.startswith("U"):
+        return Shape(batch, seq_len, heads), None
     lens = torch.randint(1, seq_len + 1, (batch,), generator=torch.Generator().manual_seed(batch * seq_len))
     return Shape(batch, seq_len, heads, lengths="uniform"), lens.tolist()
 
 
-def inputs(shape: Shape, lens: list[int], fmt: str, seed: int) -> tuple[dict, object, object]:
+def inputs(shape: Shape, lens: list[int] | None, fmt: str, seed: int) -> tuple[dict, object, object]:
     g = torch.Generator().manual_seed(seed)
     kv_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
-    mixed_lens = None if shape.lengths == "full" else lens  # equal rows: no kv_lens, as before
     x = make_mla_inputs(
-        shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, kv_lens=mixed_lens, device="cuda", generator=g
+        shape.batch, shape.heads, shape.seq_len, kv_dtype=kv_dtype, kv_lens=lens, device="cuda", generator=g
     )
     if fmt == "fp8":
         return {"q": x.q, "qpe": x.qpe, "kv": x.kv, "kpe": x.kpe, "kv_scale": x.kv_scale, "kv_lens": x.kv_lens}, x, None
@@ -62,11 +60,12 @@ def expected(x, cache) -> tuple[torch.Tensor, torch.Tensor]:
     return mla_decode_float64(x.q, x.qpe, cache.latent, cache.rope, kv_lens=x.kv_lens)
 
 
-def sweep(shape: Shape, lens: list[int], fmt: str, copy_gbps: float, configs: list[Config]) -> None:
+def sweep(shape: Shape, lens: list[int] | None, fmt: str, copy_gbps: float, configs: list[Config]) -> None:
     sets = [inputs(shape, lens, fmt, seed) for seed in range(ROTATING_SETS)]
     calls = [validate_mla_decoding(**s[0]) for s in sets]
     reference, reference_lse = expected(*sets[0][1:])
-    nbytes = traffic_bytes(shape, sum(lens), kv_bytes_per_token(fmt))
+    tokens = shape.batch * shape.seq_len if lens is None else sum(lens)
+    nbytes = traffic_bytes(shape, tokens, kv_bytes_per_token(fmt))
     rows = []
     for config in configs:
         if not cutlass_mla.fp8_config_fits(fmt, config):
@@ -84,9 +83,9 @@ def sweep(shape: Shape, lens: list[int], fmt: str, copy_gbps: float, configs: li
         lse_err = (lse.cpu().double() - reference_lse).abs().max().item()
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
         rows.append((us, config, err, lse_err))
-    mixed = "U" if shape.lengths != "full" else ""
-    title = f"{shape.batch}x{mixed}{shape.seq_len}x{shape.heads} {fmt}"
-    print(f"\n## {title}, {sum(lens)} tokens (default {cutlass_mla.FP8_CONFIGS[fmt]})")
+    mixed = "" if lens is None else "U"
+    title = f"{shape.batch}x{mixed}{shape.seq_len}x{shape.heads} {fmt}, {tokens} tokens"
+    print(f"\n## {title} (the library's choice: {cutlass_mla.fp8_config(calls[0])})")
     header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | rel. L2 | lse max abs error |"
     print(header)
     print("|---|---|---|---|---|---|---|---|---|")

@@ -199,7 +199,7 @@ OTHER_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2), cutlass_mla.Fp8Config(4, 2, 1),
 @pytest.fixture(params=[None, *OTHER_CONFIGS], ids=lambda c: "default" if c is None else "x".join(map(str, c[:3])))
 def fp8_config(request, monkeypatch):
     """Each GPU case runs with the library's choice and with each of OTHER_CONFIGS (plans rebuilt).
-    The library builds only the defaults: OTHER_CONFIGS' variants come from the sweep's precompile,
+    The library builds the configs fp8_config chooses from; others come from the sweep's precompile,
     and a case whose variant has no cubin here is skipped saying so (not failed as unsupported)."""
     from tilegym.ops import PLAN_CACHE
 
