@@ -42,6 +42,15 @@ def parse_shape(text: str) -> tuple[Shape, list[int] | None]:
     return Shape(batch, seq_len, heads, lengths="uniform"), lens.tolist()
 
 
+def parse_config(text: str) -> Config:
+    """``stages x groups x CTAs/SM x k-steps [x fewest blocks (0: the rule's) [x snap]]``."""
+    fields = text.split("x")
+    ints = [int(f) for f in fields[:5]]
+    if len(ints) == 5 and ints[4] == 0:
+        ints[4] = None
+    return Config(*ints, *(float(f) for f in fields[5:6]))
+
+
 def inputs(shape: Shape, lens: list[int] | None, fmt: str, seed: int) -> tuple[dict, object, object]:
     g = torch.Generator().manual_seed(seed)
     kv_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
@@ -86,12 +95,13 @@ def sweep(shape: Shape, lens: list[int] | None, fmt: str, copy_gbps: float, conf
     mixed = "" if lens is None else "U"
     title = f"{shape.batch}x{mixed}{shape.seq_len}x{shape.heads} {fmt}, {tokens} tokens"
     print(f"\n## {title} (the library's choice: {cutlass_mla.fp8_config(calls[0])})")
-    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | rel. L2 | lse max abs error |"
+    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | snap | rel. L2 | lse max error |"
     print(header)
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for us, config, err, lse_err in sorted(rows):
         pct = 100 * nbytes / (us * 1e3) / copy_gbps
         fields = f"{config.stages} | {config.groups} | {config.ctas_per_sm} | {config.chunk} | {config.min_blocks}"
+        fields += f" | {config.snap:g}"
         print(f"| {us:.1f} | {pct:.0f} | {fields} | {err:.1e} | {lse_err:.1e} |")
 
 
@@ -111,14 +121,15 @@ def main() -> None:
     parser.add_argument(
         "--configs",
         default=",".join("x".join(map(str, c[:4])) for c in CONFIGS),
-        help="stages x warpgroups x CTAs/SM x k-steps per accumulator [x fewest blocks per piece], ...",
+        help="stages x warpgroups x CTAs/SM x k-steps per accumulator [x fewest blocks per piece (0: the "
+        "library's rule) [x snap]], ...",
     )
     parser.add_argument("--precompile", action="store_true")
     args = parser.parse_args()
     if args.precompile:
         precompile()
         return
-    configs = [Config(*map(int, c.split("x"))) for c in args.configs.split(",")]
+    configs = [parse_config(c) for c in args.configs.split(",")]
     ceilings = measure_ceilings(torch.device("cuda"))
     print(f"copy bandwidth in this run: {ceilings.copy_gbps:.0f} GB/s")
     for text in args.shapes.split(","):

@@ -119,13 +119,14 @@ class Fp8Config(NamedTuple):
     """Settings of the fp8 kernel and its plan: blocks in the shared ring (read or in flight),
     warpgroups per CTA (each takes every groups-th block), CTAs per SM (the kernel's register
     budget follows from both), score k-steps per fp8 accumulator, and the schedule's fewest blocks
-    per piece."""
+    per piece and snap (the last two are the host's: the same cubin)."""
 
     stages: int
     groups: int
     ctas_per_sm: int
     chunk: int = 4  # k-steps (32 columns) per fresh score accumulator, summed in float32
     min_blocks: int | None = None  # fewest blocks per schedule piece; None: FP8_PIECES_PER_ROW's rule
+    snap: float = 0.0  # equal-length rows: pieces may grow this much to hold whole segments (schedule.py)
 
 
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200: one warpgroup in each of two CTAs per
@@ -525,7 +526,7 @@ class CutlassDecodePlan:
             programs_per_sm=self.programs_per_sm,
             head_groups=groups,
             min_blocks=self.min_blocks,
-            snap=PAIR_SNAP if groups == PAIR_GROUPS else 0.0,
+            snap=self._snap(),
             segment_cost_tokens=self._segment_cost_tokens(),
         )
         shape = self._one_wave(shape)
@@ -584,6 +585,10 @@ class CutlassDecodePlan:
 
     def _split_kernel(self) -> CudaKernel:
         return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge)
+
+    def _snap(self) -> float:
+        """How much longer a piece may get to hold whole segments of equal-length rows."""
+        return PAIR_SNAP if self.groups == PAIR_GROUPS else 0.0
 
     def _one_wave(self, shape: ScheduleShape) -> ScheduleShape:
         """``shape`` with no more pieces than CTAs of whole clusters the GPU runs at once (clusters need
@@ -702,6 +707,9 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
     def _split_kernel(self) -> CudaKernel:
         return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.config)
+
+    def _snap(self) -> float:
+        return self.config.snap
 
     def _shared_bytes(self) -> int:
         return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype)
