@@ -294,6 +294,38 @@ def test_queries_off_16_byte_boundaries(fmt, offset) -> None:
     check(out, lse, expected, fmt, torch.bfloat16, seed)
 
 
+# Equal rows of 17 blocks: 132 balanced pieces of 16 blocks cut every row; a snap of 1/16 lets each
+# piece hold one whole row (tests/test_schedule.py covers the rule; here the kernel runs it).
+SNAPPED_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2, snap=1 / 16), cutlass_mla.Fp8Config(4, 3, 1, snap=1 / 16)]
+
+
+@pytest.mark.parametrize("config", SNAPPED_CONFIGS, ids=lambda c: "x".join(map(str, c[:3])))
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
+@pytest.mark.gpu
+def test_snapped_pieces_match_float64(fmt, config) -> None:
+    """Fp8Config.snap (host only): pieces that hold whole rows, so that no row needs the combine."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    rows, row_tokens = 120, 17 * cutlass_mla.FP8_BLOCK_N
+    x = make_mla_inputs(
+        rows, 16, row_tokens, kv_dtype=FP8 if fmt == "fp8" else None, device="cuda", generator=generator
+    )
+    kwargs, cache = cache_kwargs(x, fmt, "dense", 0, generator=generator)
+    call = validate_mla_decoding(x.q, x.qpe, return_lse=True, **kwargs)
+    if not cutlass_mla.fp8_split_kernel(call.q.dtype, fmt, config).available("sm_90a"):
+        pytest.skip(f"no cubin for {config}: run `python benchmarks/sweep_cutlass_fp8.py --precompile`")
+    plan = cutlass_mla.CutlassFp8DecodePlan(call, config)
+    out, lse = torch.empty_like(call.out), torch.empty(call.out.shape[:-1], device="cuda")
+    plan.run(call.q, call.qpe, call.kv, call.kpe, call.kv_scale, out, lse)
+    torch.cuda.synchronize()
+    bounds = plan.schedule.piece_bounds.cpu()
+    assert int((bounds[1:] - bounds[:-1]).max()) == 17, f"pieces not snapped to whole rows: {bounds.tolist()[:8]}"
+    latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
+    scale = x.kv_scale if fmt == "fp8" else None
+    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_scale=scale)
+    check(out, lse, expected, fmt, torch.bfloat16, seed)
+
+
 FAR_SCALES = [(torch.bfloat16, -20), (torch.bfloat16, 20), (torch.float16, -8), (torch.float16, 8)]
 
 
