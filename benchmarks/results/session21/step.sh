@@ -9,6 +9,18 @@ step() {
     echo "=== $name: exit $? after $((SECONDS - start))s ($(tail -n 1 "$OUT/$name.log"))"
 }
 
+# begin_call: what every call script does first, from the repository root: the cubin cache and
+# unbuffered Python exported, $OUT made, and the GPU's name, clock and power in $OUT/0-gpu.log (printed).
+# Sets root to the repository root.
+begin_call() {
+    root=$PWD
+    export TILEGYM_CACHE_DIR=$root/.cache/tilecpp PYTHONUNBUFFERED=1
+    OUT=${OUT:-$root/out}
+    mkdir -p "$OUT"
+    nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/0-gpu.log" 2>&1
+    cat "$OUT/0-gpu.log"
+}
+
 # sweep BACKEND KV COSTS...: the profiler timeline of the mixed suite at each segment cost (tokens),
 # its period lines only. Uses $py; export -f it (with py) for `bash -c` steps.
 sweep() {

@@ -6,13 +6,8 @@
 #   bash benchmarks/results/session36/call2.sh   # device: carry [".cache/tilecpp"], timeout 200
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-root=$PWD
-export TILEGYM_CACHE_DIR=$root/.cache/tilecpp PYTHONUNBUFFERED=1
-OUT=${OUT:-$root/out}
-mkdir -p "$OUT"
 source benchmarks/results/session21/step.sh
-nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$OUT/0-gpu.log" 2>&1
-cat "$OUT/0-gpu.log"
+begin_call
 step 1-fp8-long 110 "$root" python3 benchmarks/sweep_cutlass_fp8.py \
     --shapes 128x8192x16,128x4096x16 --formats fp8,fp8_ds_mla \
     --configs 2x1x2x4,2x1x2x4x0x0.04,4x3x1x4x0x0.04,4x3x1x4
