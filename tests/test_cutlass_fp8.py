@@ -294,8 +294,9 @@ def test_queries_off_16_byte_boundaries(fmt, offset) -> None:
     check(out, lse, expected, fmt, torch.bfloat16, seed)
 
 
-# Equal rows of 17 blocks: 132 balanced pieces of 16 blocks cut every row; a snap of 1/16 lets each
-# piece hold one whole row (tests/test_schedule.py covers the rule; here the kernel runs it).
+# Equal rows: SMs - 12 rows of 17 blocks (one CTA per SM) or of 34 (two): balanced pieces of 16 blocks
+# cut every row; a snap of 1/16 lets each piece hold a whole row or half of one (17 blocks), so no row
+# is cut unevenly (tests/test_schedule.py covers the rule on the CPU; here the kernel runs it).
 SNAPPED_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2, snap=1 / 16), cutlass_mla.Fp8Config(4, 3, 1, snap=1 / 16)]
 
 
@@ -303,10 +304,12 @@ SNAPPED_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2, snap=1 / 16), cutlass_mla.Fp8C
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.gpu
 def test_snapped_pieces_match_float64(fmt, config) -> None:
-    """Fp8Config.snap (host only): pieces that hold whole rows, so that no row needs the combine."""
+    """Fp8Config.snap (host only): pieces of equal-length rows that hold whole segments."""
     require_cutlass()
     generator, seed = fresh_generator()
-    rows, row_tokens = 120, 17 * cutlass_mla.FP8_BLOCK_N
+    rows = torch.cuda.get_device_properties(0).multi_processor_count - 12
+    piece_blocks = 17
+    row_tokens = piece_blocks * config.ctas_per_sm * cutlass_mla.FP8_BLOCK_N
     x = make_mla_inputs(
         rows, 16, row_tokens, kv_dtype=FP8 if fmt == "fp8" else None, device="cuda", generator=generator
     )
@@ -315,15 +318,15 @@ def test_snapped_pieces_match_float64(fmt, config) -> None:
     if not cutlass_mla.fp8_split_kernel(call.q.dtype, fmt, config).available("sm_90a"):
         pytest.skip(f"no cubin for {config}: run `python benchmarks/sweep_cutlass_fp8.py --precompile`")
     plan = cutlass_mla.CutlassFp8DecodePlan(call, config)
-    out, lse = torch.empty_like(call.out), torch.empty(call.out.shape[:-1], device="cuda")
+    out, lse = torch.empty_like(call.out), torch.empty(call.out.shape[:-1], device="cuda")  # [B, 1, H, *]
     plan.run(call.q, call.qpe, call.kv, call.kpe, call.kv_scale, out, lse)
     torch.cuda.synchronize()
-    bounds = plan.schedule.piece_bounds.cpu()
-    assert int((bounds[1:] - bounds[:-1]).max()) == 17, f"pieces not snapped to whole rows: {bounds.tolist()[:8]}"
+    sizes = (plan.schedule.piece_bounds[1:] - plan.schedule.piece_bounds[:-1]).cpu()
+    assert set(sizes[sizes > 0].tolist()) == {piece_blocks}, f"pieces not snapped: {sizes.tolist()}"
     latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
     scale = x.kv_scale if fmt == "fp8" else None
-    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_scale=scale)
-    check(out, lse, expected, fmt, torch.bfloat16, seed)
+    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_scale=scale)  # [B, H, *]: the 3-D query's
+    check(out.reshape(expected[0].shape), lse.reshape(expected[1].shape), expected, fmt, torch.bfloat16, seed)
 
 
 FAR_SCALES = [(torch.bfloat16, -20), (torch.bfloat16, 20), (torch.float16, -8), (torch.float16, 8)]
