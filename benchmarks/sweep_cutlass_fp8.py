@@ -91,17 +91,19 @@ def sweep(shape: Shape, lens: list[int] | None, fmt: str, copy_gbps: float, conf
         err = relative_error(out.reshape(reference.shape), reference)
         lse_err = (lse.cpu().double() - reference_lse).abs().max().item()
         us = time_calls(runs, torch.device("cuda"), warmup=3, repeat=20, use_graph=True).median_us
-        rows.append((us, config, err, lse_err))
+        sizes = plan.schedule.piece_bounds[1:] - plan.schedule.piece_bounds[:-1]  # after the runs: the plan's cut
+        pieces = f"{int((sizes > 0).sum())} of {sizes.numel()}, longest {int(sizes.max())}"
+        rows.append((us, config, err, lse_err, pieces))
     mixed = "" if lens is None else "U"
     title = f"{shape.batch}x{mixed}{shape.seq_len}x{shape.heads} {fmt}, {tokens} tokens"
     print(f"\n## {title} (the library's choice: {cutlass_mla.fp8_config(calls[0])})")
-    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | snap | rel. L2 | lse max error |"
-    print(header)
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for us, config, err, lse_err in sorted(rows):
+    header = "| us | % copy BW | stages | groups | CTAs/SM | k-steps | min blocks | snap | pieces used (blocks) |"
+    print(header + " rel. L2 | lse error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for us, config, err, lse_err, pieces in sorted(rows):
         pct = 100 * nbytes / (us * 1e3) / copy_gbps
         fields = f"{config.stages} | {config.groups} | {config.ctas_per_sm} | {config.chunk} | {config.min_blocks}"
-        fields += f" | {config.snap:g}"
+        fields += f" | {config.snap:g} | {pieces}"
         print(f"| {us:.1f} | {pct:.0f} | {fields} | {err:.1e} | {lse_err:.1e} |")
 
 

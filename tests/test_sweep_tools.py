@@ -1,5 +1,5 @@
-"""The Triton config sweep (``benchmarks/sweep_triton_configs.py``) on the CPU: its inputs, its
-float64 check and its config names. Its first H200 run printed relative errors of 11-16 for every
+"""The config sweeps on the CPU: the Triton one's (``benchmarks/sweep_triton_configs.py``) inputs,
+float64 check and config names, and how the Tile C++ and cutlass fp8 sweeps read their configs. Its first H200 run printed relative errors of 11-16 for every
 kernel (a [B, 1, H, D] output broadcast against a [B, H, D] reference); this runs the same path
 under the interpreter, so such a check cannot pass unnoticed again.
 """
@@ -81,3 +81,16 @@ def test_the_sweeps_float64_check_covers_several_new_tokens(sweep):
     reference = sweep.float64_output(*reference_inputs)
     assert sweep.output_error(out, reference) < 1e-2
     assert sweep.output_error(out.flip(1), reference) > 0.05  # the two new tokens see different prefixes
+
+
+def test_the_cutlass_fp8_sweep_reads_host_only_fields_of_a_config() -> None:
+    """``sweep_cutlass_fp8.py --configs``: a fifth field 0 keeps the library's fewest-blocks rule (None),
+    a sixth is the snap (a float)."""
+    path = TOOL.with_name("sweep_cutlass_fp8.py")
+    spec = importlib.util.spec_from_file_location("sweep_cutlass_fp8", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.Config
+    assert module.parse_config("4x3x1x4") == config(4, 3, 1, 4)
+    assert module.parse_config("2x1x2x4x3") == config(2, 1, 2, 4, 3)
+    assert module.parse_config("4x3x1x4x0x0.04") == config(4, 3, 1, 4, None, 0.04)
