@@ -1,7 +1,8 @@
 """The config sweeps on the CPU: the Triton one's (``benchmarks/sweep_triton_configs.py``) inputs,
-float64 check and config names, and how the Tile C++ and cutlass fp8 sweeps read their configs. Its first H200 run printed relative errors of 11-16 for every
-kernel (a [B, 1, H, D] output broadcast against a [B, H, D] reference); this runs the same path
-under the interpreter, so such a check cannot pass unnoticed again.
+float64 check and config names, and how the Tile C++ and cutlass fp8 sweeps read their configs. The
+Triton sweep's first H200 run printed relative errors of 11-16 for every kernel (a [B, 1, H, D] output
+broadcast against a [B, H, D] reference); this runs the same path under the interpreter, so such a
+check cannot pass unnoticed again.
 """
 
 from __future__ import annotations
