@@ -1,9 +1,11 @@
 // Shared helpers of the cutlass backend's kernels (mla_decoding_split_kv.cuh, the wgmma kernel, and
 // mla_decoding_split_kv_fp8.cuh): asynchronous 16-byte copies, the proxy fence before wgmma reads
-// them, shared addresses, exp2, mbarriers and TMA loads, and the page lookup and TMA box
-// coordinates of the split schedule's cache layouts.
+// them, shared addresses, exp2, two floats packed as 16-bit values, mbarriers and TMA loads, and the
+// page lookup and TMA box coordinates of the split schedule's cache layouts.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace tilegym_cutlass {
@@ -34,6 +36,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// a and b rounded to T (bf16 or fp16; the pointer only picks the type), as one 32-bit word, a in the low half.
+__device__ __forceinline__ uint32_t pack_pair(const __nv_bfloat16*, float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t pack_pair(const __half*, float a, float b) {
+  const __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // mbarriers (one arrival each here) and TMA: a box of a 3-D tensor map completes its bytes on an

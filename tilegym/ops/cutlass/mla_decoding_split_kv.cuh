@@ -179,15 +179,7 @@ struct Types {
   using MmaORemote = decltype(GMMA::ss_op_selector<E, E, float, Shape<_64, _256, _16>, GMMA::Major::K, GMMA::Major::MN>());
   // Two floats rounded to T, packed as one 32-bit register (lo in the low half).
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    uint32_t bits;
-    if constexpr (std::is_same_v<T, __half>) {
-      const __half2 v = __floats2half2_rn(lo, hi);
-      memcpy(&bits, &v, 4);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-      memcpy(&bits, &v, 4);
-    }
-    return bits;
+    return tilegym_cutlass::pack_pair(static_cast<const T*>(nullptr), lo, hi);
   }
 };
 

@@ -227,8 +227,7 @@ __device__ __forceinline__ uint32_t mul_half2(uint32_t x, float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-__device__ __forceinline__ __nv_bfloat162 pack2(__nv_bfloat16*, float a, float b) { return __floats2bfloat162_rn(a, b); }
-__device__ __forceinline__ __half2 pack2(__half*, float a, float b) { return __floats2half2_rn(a, b); }
+using tilegym_cutlass::pack_pair;
 
 // 16 consecutive columns j = 0..15 of acc[j][k] * f, as two 16-byte stores of 16-bit values.
 template <typename T16>
@@ -240,8 +239,7 @@ __device__ __forceinline__ void store16_columns(T16* dst, const float (&acc)[16]
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const int j = 8 * v + 2 * w;
-      auto pair = pack2(dst, acc[j][k] * f, acc[j + 1][k] * f);
-      words[w] = *reinterpret_cast<uint32_t*>(&pair);
+      words[w] = pack_pair(dst, acc[j][k] * f, acc[j + 1][k] * f);
     }
     reinterpret_cast<uint4*>(dst)[v] = packed;
   }
