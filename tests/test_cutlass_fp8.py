@@ -150,6 +150,9 @@ def test_a_config_without_warpgroups_or_stages_is_refused_with_a_reason() -> Non
     for bad in (cutlass_mla.Fp8Config(2, 0, 2), cutlass_mla.Fp8Config(0, 1, 2), cutlass_mla.Fp8Config(2, 9, 1)):
         with pytest.raises(ValueError, match="1 <= groups <= 8"):
             cutlass_mla.CutlassFp8DecodePlan(call, bad)
+    for snap in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="snap must be >= 0"):
+            cutlass_mla.CutlassFp8DecodePlan(call, cutlass_mla.Fp8Config(2, 1, 2, snap=snap))
 
 
 # ----------------------------------------------------------------------------------------- GPU parity

@@ -698,6 +698,8 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
             raise ValueError(
                 f"config needs stages, ctas_per_sm and chunk >= 1 and 1 <= groups <= {FP8_MAX_GROUPS}, got {c}"
             )
+        if not c.snap >= 0:
+            raise ValueError(f"config's snap must be >= 0 (how much longer a piece may get), got {c.snap}")
         if not fp8_config_fits(call.kv_format, self.config, call.q.dtype):
             raise ValueError(f"{self.config} does not fit in an SM's shared memory")
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
