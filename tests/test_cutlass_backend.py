@@ -14,7 +14,7 @@ from tilegym.ops.accuracy import lse_rtol, lse_tolerance
 from tilegym.ops.contract import validate_mla_decoding
 from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
 from tilegym.ops.mla_decoding import MLA_DECODING
-from tilegym.testing import make_mla_inputs, mla_decode_float64, relative_error, to_pages
+from tilegym.testing import fresh_generator, make_mla_inputs, mla_decode_float64, relative_error, to_pages
 
 BACKEND = "cutlass"
 
@@ -172,11 +172,16 @@ def _on_hopper() -> bool:
 needs_hopper = pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU (H100/H200)")
 
 
-def _check(x, out, lse, *, causal: bool, sm_scale: float | None = None, dtype=torch.bfloat16) -> None:
+def _check(
+    x, out, lse, *, causal: bool, sm_scale: float | None = None, dtype=torch.bfloat16, column_blocks: int = 1
+) -> None:
+    """out and lse against float64; the output's relative error in each of ``column_blocks`` equal
+    blocks of columns on its own (blocks of very different magnitudes)."""
     expected, expected_lse = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, sm_scale, kv_lens=x.kv_lens, causal=causal)
-    err = relative_error(out, expected)
     tolerance = MLA_DECODING.tolerance(BACKEND, dtype, x.kv.dtype)
-    assert err <= tolerance, f"rel. L2 error {err:.2e} > {tolerance:.0e}"
+    for i, (got, want) in enumerate(zip(out.chunk(column_blocks, -1), expected.chunk(column_blocks, -1), strict=True)):
+        err = relative_error(got, want)
+        assert err <= tolerance, f"column block {i}: rel. L2 error {err:.2e} > {tolerance:.0e}"
     live = expected_lse.isfinite()
     atol = lse_tolerance(MLA_DECODING.name, BACKEND, x.kv.dtype)
     rtol = lse_rtol(MLA_DECODING.name, BACKEND, x.kv.dtype)
@@ -391,6 +396,31 @@ def test_graph_replay_is_bitwise_stable() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, first)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(("left", "right"), [(20, -24), (-40, 12)], ids=str)
+@pytest.mark.parametrize("split", [128, 512])  # rows of 8 segments (the combine's wide rows) and of 2
+@pytest.mark.parametrize("heads", [16, 128])
+def test_split_rows_keep_their_precision_at_any_cache_magnitude(heads: int, split: int, left: int, right: int) -> None:
+    """Latent columns 0..255 scaled by 2^left and 256..511 by 2^right (beyond fp16's range both
+    ways) and the query's columns by the inverse, so the scores stay as drawn: each half of the
+    output must match float64 on its own, through the partials of split rows (whatever their
+    format: a partial rounded to fp16 unscaled would lose one half or overflow in the other)."""
+    g, seed = fresh_generator()
+    lens = (1000, 999, 130, 1)
+    x = make_mla_inputs(4, heads, 1000, device="cuda", kv_lens=lens, generator=g)
+    factor = torch.full((512,), 2.0**left, device="cuda")
+    factor[256:] = 2.0**right
+    x.cache[..., :512] = (x.cache[..., :512].float() * factor).to(x.cache.dtype)
+    x.q = (x.q.float() / factor).to(x.q.dtype)
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, x.kv, x.kpe, None, split, kv_lens=x.kv_lens, return_lse=True, backend=BACKEND
+    )
+    torch.cuda.synchronize()
+    assert out.isfinite().all(), f"seed {seed}: a non-finite output"
+    _check(x, out, lse, causal=True, column_blocks=2)
 
 
 @pytest.mark.gpu

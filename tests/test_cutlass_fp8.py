@@ -194,8 +194,8 @@ GPU_CASES = [
 ]
 
 
-# Besides the library's choice per call (fp8_config): each config it chooses from, and three warpgroups
-# sharing one ring (a config the sweep compares).
+# Besides the library's choice per call (fp8_config): each config it chooses from (the default's tiles
+# without its snapped pieces), and three warpgroups sharing one ring (a config the sweep compares).
 OTHER_CONFIGS = [cutlass_mla.Fp8Config(2, 1, 2), cutlass_mla.Fp8Config(4, 2, 1), cutlass_mla.Fp8Config(4, 3, 1)]
 
 
@@ -410,6 +410,25 @@ def test_fp8_at_many_query_rows_with_queries_far_from_unit_scale(exponent) -> No
         q, qpe, x.kv, x.kpe, kv_scale=x.kv_scale, sm_scale=576**-0.5 / factor, return_lse=True, backend=BACKEND
     )
     expected = mla_decode_float64(q, qpe, x.kv, x.kpe, 576**-0.5 / factor, kv_scale=x.kv_scale)
+    check(out, lse, expected, "fp8", BF16, seed)
+
+
+@pytest.mark.parametrize("exponent", [-40, 24], ids=str)
+@pytest.mark.gpu
+def test_fp8_at_many_query_rows_with_a_cache_scale_far_from_unit(exponent) -> None:
+    """A cache scale 2^exponent times larger (outputs beyond fp16's range both ways), with sm_scale
+    2^-exponent times smaller (the scores as drawn), must match float64 through forced splits: the
+    variant's split rows' partials hold the scaled outputs."""
+    require_cutlass()
+    generator, seed = fresh_generator()
+    x = make_mla_inputs(3, 64, 700, kv_dtype=FP8, device="cuda", kv_lens=(700, 300, 1), generator=generator)
+    factor = 2.0**exponent
+    kv_scale, sm_scale = x.kv_scale * factor, 576**-0.5 / factor
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, x.kv, x.kpe, sm_scale, 128, kv_lens=x.kv_lens, kv_scale=kv_scale, return_lse=True, backend=BACKEND
+    )
+    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, sm_scale, kv_lens=x.kv_lens, kv_scale=kv_scale)
+    assert out.isfinite().all(), f"seed {seed}: a non-finite output"
     check(out, lse, expected, "fp8", BF16, seed)
 
 

@@ -129,11 +129,19 @@ class Fp8Config(NamedTuple):
     snap: float = 0.0  # equal-length rows: pieces may grow this much to hold whole segments (schedule.py)
 
 
+# Equal-length rows: a piece may grow by this much to hold whole segments (L / k blocks of a row), so
+# that no row is cut into a long and a short segment (schedule.py, snapped_sizes). It changes only
+# schedules that cut rows unevenly: 128 x 8192 x 16 on 132 SMs, 63-block pieces -> half rows of 64.
+# Session 37's sweep on an H100 (copy 3021 GB/s; benchmarks/NOTES_cutlass.md, "Session 37") there:
+# fp8 219.6 -> 215.5 us, fp8_ds_mla 258.9 -> 252.4 (and 1.5-1.6% for three warpgroups, 125 -> 128).
+FP8_SNAP = 0.04
 # Per format, from benchmarks/sweep_cutlass_fp8.py on the H200: one warpgroup in each of two CTAs per
 # SM, two stages each. Three warpgroups sharing four stages won where each piece meets long segments
 # (128 x 8192 x 16: fp8 198.7 vs 209.6 us, fp8_ds_mla 218.4 vs 235.6) and lost where pieces cut rows
 # into short ones (a later call: 128 x 4096 x 16 127.0 vs 108.5 us, 64 x 8192 x 16 131.7 vs 108.4).
-FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2), FP8_DS_MLA: Fp8Config(2, 1, 2)}
+# With snapped pieces and fp16 partials (session 37, H100) they were within 1% of each other at
+# 128 x 8192 x 16, and three warpgroups still 3% behind at 64 x 8192 x 16.
+FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2, snap=FP8_SNAP), FP8_DS_MLA: Fp8Config(2, 1, 2, snap=FP8_SNAP)}
 # Calls with at most FP8_FEW_BLOCKS_PER_SM blocks per SM (host-known sizes) take FP8_FEW_BLOCKS_CONFIGS:
 # two warpgroups sharing one CTA's four stages, one CTA per SM. With little work per SM a piece is
 # short, and two warpgroups share it instead of two CTAs each running half as many blocks alone.
