@@ -139,8 +139,8 @@ FP8_SNAP = 0.04
 # SM, two stages each. Three warpgroups sharing four stages won where each piece meets long segments
 # (128 x 8192 x 16: fp8 198.7 vs 209.6 us, fp8_ds_mla 218.4 vs 235.6) and lost where pieces cut rows
 # into short ones (a later call: 128 x 4096 x 16 127.0 vs 108.5 us, 64 x 8192 x 16 131.7 vs 108.4).
-# With snapped pieces (session 37, H100; the kernel's fp16 partials since session 33) within 1% of each other at
-# 128 x 8192 x 16, and three warpgroups still 3% behind at 64 x 8192 x 16.
+# With snapped pieces (session 37, H100; the kernel's partials fp16 since session 33) the two were
+# within 1% of each other at 128 x 8192 x 16, and three warpgroups still 3% behind at 64 x 8192 x 16.
 FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2, snap=FP8_SNAP), FP8_DS_MLA: Fp8Config(2, 1, 2, snap=FP8_SNAP)}
 # Calls with at most FP8_FEW_BLOCKS_PER_SM blocks per SM (host-known sizes) take FP8_FEW_BLOCKS_CONFIGS:
 # two warpgroups sharing one CTA's four stages, one CTA per SM. With little work per SM a piece is
