@@ -128,6 +128,16 @@
 #ifndef TILEGYM_FP8_WIDEN_TILES
 #define TILEGYM_FP8_WIDEN_TILES 2
 #endif
+// bf16/fp16 caches in the fp8 step order (the header's second table), their loads still issued by the
+// producer warpgroup: 1 for an A/B against the first table's order (0).
+#ifndef TILEGYM_WIDE_PIPELINED
+#define TILEGYM_WIDE_PIPELINED 0
+#endif
+// 1: the next segment's query is copied as soon as this segment's score matmuls are done, so that its
+// load overlaps the output stores (an A/B switch; 0 copies it at the next segment's start).
+#ifndef TILEGYM_EARLY_QUERY
+#define TILEGYM_EARLY_QUERY 0
+#endif
 
 namespace tilegym_cute {
 
@@ -397,6 +407,8 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
   // Tiles scored per wait: one (each tile's matmuls start as it lands); kFp8: TILEGYM_FP8_WIDEN_TILES,
   // widened together under one barrier.
   constexpr int kGroup = kFp8 ? TILEGYM_FP8_WIDEN_TILES : 1;
+  // The second table's order: fp8 caches, and bf16/fp16 ones when TILEGYM_WIDE_PIPELINED.
+  constexpr bool kPipelined = kFp8 != 0 || TILEGYM_WIDE_PIPELINED != 0;
   static_assert(kGroup == 1 || kGroup == 2, "a side's 4 tiles go in groups of 1 or 2");
   // bf16/fp16 with whole-block boxes: a side's four latent tiles are one TMA box [64 columns, 64 tokens,
   // 4 tiles] of the 4-D latent map, landing on the side's first barrier (its other three stay unarmed).
@@ -606,6 +618,32 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
     }
   };
 
+  // Q's latent part of batch row b -> shared memory by cp.async (all consumer threads: rows tid / 8 and
+  // tid / 8 + 32, 8 chunks each), one commit group.
+  auto load_query = [&](int b) {
+    const int sub = tid & 7;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = (tid >> 3) + 32 * half;
+      const int r = r0 + i;
+      const bool ok = r < query_rows;
+      const int token = ok ? r / heads : 0, head = ok ? r - token * heads : 0;
+      const T* row = q + b * q_sb + token * q_sq + head * q_sh;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = (sub + 8 * j) * 8;
+        cp_async16(smem.q + wide_offset(i, col), ok ? row + col : q, ok);
+      }
+    }
+    commit_async_copies();
+  };
+  // Whether the piece meets batch row b (holds at least one of its blocks).
+  auto meets_row = [&](int b) {
+    const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
+    return (end < row_end ? end : row_end) > (start > row_begin ? start : row_begin);
+  };
+  bool query_in_flight = false;  // TILEGYM_EARLY_QUERY: the current segment's Q was copied at the last one's end
+
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b];
     const int row_end = cum_blocks[b + 1];
@@ -653,24 +691,8 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
     };
     consumers_sync();  // the previous segment is done with Q (and, without a producer, every buffer)
-    {
-      // Q's latent part -> shared memory (all threads: rows tid / 8 and tid / 8 + 32, 8 chunks each).
-      const int sub = tid & 7;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = (tid >> 3) + 32 * half;
-        const int r = r0 + i;
-        const bool ok = r < query_rows;
-        const int token = ok ? r / heads : 0, head = ok ? r - token * heads : 0;
-        const T* row = q + b * q_sb + token * q_sq + head * q_sh;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int col = (sub + 8 * j) * 8;
-          cp_async16(smem.q + wide_offset(i, col), ok ? row + col : q, ok);
-        }
-      }
-      commit_async_copies();
-    }
+    if (!query_in_flight) load_query(b);
+    query_in_flight = false;
     if constexpr (kFp8 != 0) {
       issue_block(first_blk, 0);
       if (first_blk + 1 < end_blk) issue_block(first_blk + 1, 1);
@@ -769,10 +791,19 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       fence_async_shared();
     };
 
-    if constexpr (kFp8 != 0) {
+    if constexpr (kPipelined) {
       // fp8 caches: the step order of the header's second table.
       // Score matmuls S += Q K^T of this warpgroup's buffer (buf = wg: WG0 scores blocks A, WG1 blocks B).
       const int buf = wg;
+      // This warpgroup's side of buffer b is no longer read: fp8 refills it with block blk when there
+      // is one (next); bf16/fp16 releases it to the producer, which loads on across segments.
+      auto done_with = [&](int b, bool next, int blk) __attribute__((always_inline)) {
+        if constexpr (kFp8 != 0) {
+          if (next) issue_block(blk, b);
+        } else {
+          release(b);
+        }
+      };
       auto gemm_tile = [&](auto tile) __attribute__((always_inline)) {
         constexpr int t = decltype(tile)::value;
         if constexpr (t < 8) {
@@ -796,8 +827,11 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       auto score_tiles = [&](auto first, auto count, int ph) __attribute__((always_inline)) {
         constexpr int t0 = decltype(first)::value, n = decltype(count)::value;
 #pragma unroll
-        for (int k = 0; k < n; ++k) mbar_wait(&smem.full[buf][t0 + k], ph);
-        widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
+        for (int k = 0; k < n; ++k) {
+          const int t = t0 + k;
+          if (!side_boxes || t % kLeftTiles == 0 || t == 8) mbar_wait(tile_barrier(buf, t), ph);
+        }
+        if constexpr (kFp8 != 0) widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
         warpgroup_fence_operand(acc_s);
         warpgroup_arrive();
         gemm_tile(Int<t0>{});
@@ -916,7 +950,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_o);
           warpgroup_fence_operand(rP);
-          if (next_a) issue_block(blk_a + 2, 0);  // V_A,L and K_A are no longer read here
+          done_with(0, next_a, blk_a + 2);  // V_A,L and K_A are no longer read here
           // m_B from WG1 (without a block B, m_B = m_A): P_A to m_B -> shared memory for WG1's P_A V_A,R.
           bar_wait(kBarMaxB);
 #pragma unroll
@@ -947,7 +981,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
           }
           warpgroup_wait<kSideGroups>();  // P_B V_B,L is done
           warpgroup_fence_operand(acc_o);
-          if (next_b) issue_block(blk_b + 2, 1);  // V_B,L is no longer read
+          if (has_b) done_with(1, next_b, blk_b + 2);  // V_B,L is no longer read
           if (next_a) score_side(Int<kLeftTiles>{}, parity[0] ^ 1), score_tiles(Int<8>{}, _1{}, parity[0] ^ 1);
         } else {
           // S_B (waited), m_A from WG0 -> m_B = max(m_A, rowmax S_B) -> WG0; O_R, l to m_B;
@@ -980,12 +1014,12 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
             bar_arrive(kBarPVARIssued);
             warpgroup_wait<1>();
             warpgroup_fence_operand(rP);
-            if (next_b) issue_block(blk_b + 2, 1);  // V_B,R and K_B's rope are no longer read
+            done_with(1, next_b, blk_b + 2);  // V_B,R and K_B's rope are no longer read
           }
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_o);
           warpgroup_fence_operand(rP);
-          if (next_a) issue_block(blk_a + 2, 0);  // V_A,R and K_A's rope are no longer read
+          done_with(0, next_a, blk_a + 2);  // V_A,R and K_A's rope are no longer read
           if (next_b) {
             score_b(parity[1] ^ 1);  // the next S_B
           } else {
@@ -1176,6 +1210,16 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       if ((wt & 3) == 0) smem.sum[wg][my_row0 + 8 * k] = l[k];
     }
     consumers_sync();
+    if constexpr (TILEGYM_EARLY_QUERY != 0) {
+      // Both warpgroups are past their last score matmuls (each waited for the other's), so Q is free:
+      // the next segment's copy overlaps the stores below.
+      int next = b + 1;
+      while (next <= last_row && !meets_row(next)) ++next;
+      if (next <= last_row) {
+        load_query(next);
+        query_in_flight = true;
+      }
+    }
     float inv[2], lse[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

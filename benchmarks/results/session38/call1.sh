@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 38, device call 1 (any Hopper): two changes to the wgmma kernel, each against main in one call.
+# - .ab/pipe (TILEGYM_WIDE_PIPELINED = 1): a bf16 cache in the pipelined step order (the fp8 order,
+#   FlashMLA's shape: each warpgroup issues its next score matmuls behind its last P V of the step) while
+#   the producer warpgroup still issues every load. Sessions 16 and 20 measured that order 2-10% slower
+#   with bf16, but then the consumers issued their own TMA refills (~1000 cycles each on the chain).
+# - .ab/q (TILEGYM_EARLY_QUERY = 1): the next segment's query copied once both warpgroups are past their
+#   last score matmuls, overlapping the output stores, instead of after them (FlashMLA does the same).
+# 1. main's kernels: session 37's new magnitude tests and the snapped-pieces test (its call3.sh step 1).
+# 2. Each variant: the cutlass GPU tests of the wgmma kernel (test_cutlass_backend.py).
+# 3. Profiler timeline of the many-heads and mixed suites (bf16), main, pipe, q, q, pipe, main.
+#
+#   bash benchmarks/results/session38/call1.sh   # device: carry [".cache/tilecpp", ".ab/pipe", ".ab/q"], timeout 600
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+source benchmarks/results/session21/step.sh
+begin_call
+step 1-tests-main 90 "$root" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs \
+    tests/test_cutlass_backend.py tests/test_cutlass_fp8.py -k "magnitude or far_from_unit or snapped"
+tail -n 2 "$OUT/1-tests-main.log"
+for v in pipe q; do
+    step "2-tests-$v" 120 "$root/.ab/$v" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -x \
+        tests/test_cutlass_backend.py
+    grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-$v.log" | tail -n 6
+done
+i=0
+for tree in main pipe q q pipe main; do
+    i=$((i + 1))
+    dir=$root; [ "$tree" != main ] && dir=$root/.ab/$tree
+    step "3-timeline-$i-$tree" 70 "$dir" python3 benchmarks/timeline.py --backend cutlass --suites many-heads,mixed
+    grep -E "period|Error" "$OUT/3-timeline-$i-$tree.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
+    echo "##### $tree" >> "$OUT/3-timeline.txt"
+done
+grep -oE "^.*period [0-9.]+ us/call|#####.*|Error.*" "$OUT/3-timeline.txt"
+# $OUT brings back at most 8 files: the logs go in one archive.
+(cd "$OUT" && tar -czf logs.tar.gz ./*.log ./*.txt && rm -f ./3-timeline-*.log ./2-tests-*.log)
