@@ -8,7 +8,8 @@
 #   last score matmuls, overlapping the output stores, instead of after them (FlashMLA does the same).
 # 1. main's kernels: session 37's new magnitude tests and the snapped-pieces test (its call3.sh step 1).
 # 2. Each variant: the cutlass GPU tests of the wgmma kernel (test_cutlass_backend.py).
-# 3. Profiler timeline of the many-heads and mixed suites (bf16), main, pipe, q, q, pipe, main.
+# 3. Profiler timeline of the many-heads and mixed suites (bf16): main, pipe, pipe, main; then q's tests
+#    and q, main, q.
 #
 #   bash benchmarks/results/session38/call1.sh   # device: carry [".cache/tilecpp", ".ab/pipe", ".ab/q"], timeout 600
 set -uo pipefail
@@ -18,19 +19,27 @@ begin_call
 step 1-tests-main 90 "$root" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs \
     tests/test_cutlass_backend.py tests/test_cutlass_fp8.py -k "magnitude or far_from_unit or snapped"
 tail -n 2 "$OUT/1-tests-main.log"
-for v in pipe q; do
-    step "2-tests-$v" 120 "$root/.ab/$v" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -x \
+timelines() {  # TREE...: the profiler timeline in each tree in turn, period lines to 3-timeline.txt
+    for tree in "$@"; do
+        i=$((i + 1))
+        dir=$root; [ "$tree" != main ] && dir=$root/.ab/$tree
+        step "3-timeline-$i-$tree" 70 "$dir" python3 benchmarks/timeline.py --backend cutlass --suites many-heads,mixed
+        grep -E "period|Error" "$OUT/3-timeline-$i-$tree.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
+        echo "##### $tree" >> "$OUT/3-timeline.txt"
+        # $OUT brings back at most 8 files: the timeline logs go into one.
+        cat "$OUT/3-timeline-$i-$tree.log" >> "$OUT/3-timeline-all.log" && rm -f "$OUT/3-timeline-$i-$tree.log"
+    done
+}
+tests() {  # VARIANT: the wgmma kernel's GPU tests in .ab/VARIANT
+    step "2-tests-$1" 120 "$root/.ab/$1" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -x \
         tests/test_cutlass_backend.py
-    grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-$v.log" | tail -n 6
-done
+    grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-$1.log" | tail -n 6
+    # A variant that failed or hung is not timed.
+    tail -n 1 "$OUT/2-tests-$1.log" | grep -q passed && ! tail -n 1 "$OUT/2-tests-$1.log" | grep -qE "failed|error"
+}
 i=0
-for tree in main pipe q q pipe main; do
-    i=$((i + 1))
-    dir=$root; [ "$tree" != main ] && dir=$root/.ab/$tree
-    step "3-timeline-$i-$tree" 70 "$dir" python3 benchmarks/timeline.py --backend cutlass --suites many-heads,mixed
-    grep -E "period|Error" "$OUT/3-timeline-$i-$tree.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
-    echo "##### $tree" >> "$OUT/3-timeline.txt"
-done
+# The pipelined order first (the larger expected effect), then the early query, so that a call cut short
+# by the device budget still returns a whole comparison.
+tests pipe && timelines main pipe pipe main
+tests q && timelines q main q
 grep -oE "^.*period [0-9.]+ us/call|#####.*|Error.*" "$OUT/3-timeline.txt"
-# $OUT brings back at most 8 files: the logs go in one archive.
-(cd "$OUT" && tar -czf logs.tar.gz ./*.log ./*.txt && rm -f ./3-timeline-*.log ./2-tests-*.log)
