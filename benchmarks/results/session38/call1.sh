@@ -6,19 +6,17 @@
 #   with bf16, but then the consumers issued their own TMA refills (~1000 cycles each on the chain).
 # - .ab/q (TILEGYM_EARLY_QUERY = 1): the next segment's query copied once both warpgroups are past their
 #   last score matmuls, overlapping the output stores, instead of after them (FlashMLA does the same).
-# 1. main's kernels: session 37's new magnitude tests and the snapped-pieces test (its call3.sh step 1).
-# 2. Each variant: the cutlass GPU tests of the wgmma kernel (test_cutlass_backend.py).
-# 3. Profiler timeline of the many-heads and mixed suites (bf16): main, pipe, pipe, main; then q's tests
-#    and q, main, q.
+# In this order (a call cut short by the device budget still returns whole steps):
+# - .ab/pipe's cutlass GPU tests of the wgmma kernel (test_cutlass_backend.py), then the profiler timeline
+#   of the many-heads and mixed suites (bf16) in main, pipe, pipe, main;
+# - main's kernels: session 37's new magnitude tests and the snapped-pieces test (its call3.sh step 1);
+# - .ab/q's tests, then the timeline in q, main, q.
 #
 #   bash benchmarks/results/session38/call1.sh   # device: carry [".cache/tilecpp", ".ab/pipe", ".ab/q"], timeout 600
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-step 1-tests-main 90 "$root" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs \
-    tests/test_cutlass_backend.py tests/test_cutlass_fp8.py -k "magnitude or far_from_unit or snapped"
-tail -n 2 "$OUT/1-tests-main.log"
 timelines() {  # TREE...: the profiler timeline in each tree in turn, period lines to 3-timeline.txt
     for tree in "$@"; do
         i=$((i + 1))
@@ -41,5 +39,8 @@ i=0
 # The pipelined order first (the larger expected effect), then the early query, so that a call cut short
 # by the device budget still returns a whole comparison.
 tests pipe && timelines main pipe pipe main
+step 1-tests-main 90 "$root" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs \
+    tests/test_cutlass_backend.py tests/test_cutlass_fp8.py -k "magnitude or far_from_unit or snapped"
+tail -n 2 "$OUT/1-tests-main.log"
 tests q && timelines q main q
 grep -oE "^.*period [0-9.]+ us/call|#####.*|Error.*" "$OUT/3-timeline.txt"
