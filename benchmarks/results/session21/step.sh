@@ -1,12 +1,14 @@
 # Sourced by the sessions' call scripts: step NAME SECONDS DIR COMMAND... runs COMMAND in DIR with
-# PYTHONPATH=. under a time limit, its output in $OUT/NAME.log, and prints its exit code and last line.
+# PYTHONPATH=. under a time limit, its output in $OUT/NAME.log, and prints its exit code (also left in
+# step_rc) and last line.
 step() {
     local name=$1 limit=$2 dir=$3
     shift 3
     echo "=== $name ($dir, limit ${limit}s)"
     local start=$SECONDS
     (cd "$dir" && PYTHONPATH=. timeout --kill-after=5 "$limit" "$@") > "$OUT/$name.log" 2>&1
-    echo "=== $name: exit $? after $((SECONDS - start))s ($(tail -n 1 "$OUT/$name.log"))"
+    step_rc=$?  # the command's exit code, for callers that branch on it
+    echo "=== $name: exit $step_rc after $((SECONDS - start))s ($(tail -n 1 "$OUT/$name.log"))"
 }
 
 # begin_call: what every call script does first, from the repository root: the cubin cache and

@@ -32,8 +32,9 @@ tests() {  # VARIANT: the wgmma kernel's GPU tests in .ab/VARIANT
     step "2-tests-$1" 120 "$root/.ab/$1" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -x \
         tests/test_cutlass_backend.py
     grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-$1.log" | tail -n 6
-    # A variant that failed or hung is not timed.
-    tail -n 1 "$OUT/2-tests-$1.log" | grep -q passed && ! tail -n 1 "$OUT/2-tests-$1.log" | grep -qE "failed|error"
+    # A variant that failed or hung is not timed. (Session 38 first tested the summary line, which the
+    # repository's pytest options leave out: the timelines were skipped although every test passed.)
+    [ "$step_rc" -eq 0 ]
 }
 i=0
 # The pipelined order first (the larger expected effect), then the early query, so that a call cut short
