@@ -129,7 +129,8 @@
 #define TILEGYM_FP8_WIDEN_TILES 2
 #endif
 // bf16/fp16 caches in the fp8 step order (the header's second table), their loads still issued by the
-// producer warpgroup: 1 for an A/B against the first table's order (0).
+// producer warpgroup: 1 for an A/B against the first table's order (0). On an H100 it was within 1-4%
+// of it, either way by shape (benchmarks/NOTES_cutlass.md, "Session 38").
 #ifndef TILEGYM_WIDE_PIPELINED
 #define TILEGYM_WIDE_PIPELINED 0
 #endif
