@@ -794,7 +794,8 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
 
     if constexpr (kPipelined) {
       // fp8 caches (bf16/fp16 ones too under TILEGYM_WIDE_PIPELINED): the step order of the header's
-      // second table. Score matmuls S += Q K^T of this warpgroup's buffer (buf = wg: WG0 scores blocks A, WG1 blocks B).
+      // second table.
+      // Score matmuls S += Q K^T of this warpgroup's buffer (buf = wg: WG0 scores blocks A, WG1 blocks B).
       const int buf = wg;
       // This warpgroup's side of buffer b is no longer read: fp8 refills it with block blk when there
       // is one (next); bf16/fp16 releases it to the producer, which loads on across segments.
