@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
-# Session 39, device call 2 (the warm machine of call 1): session 38's pipelined step order for a bf16
-# cache (.ab/pipe, TILEGYM_WIDE_PIPELINED = 1) against main again, on this machine: profiler timeline of
-# the many-heads and mixed suites in main, pipe, pipe, main (its GPU tests passed on an H100 in session 38).
+# Session 39, device call 2 (an H200 only, right after call 1 on the warm machine): the fp8 suites
+# behind the README's fp8 rows and the selection table, every backend, with the library as committed
+# (session 38's call2.sh): quantized+fp8, quantized+fp8_ds_mla, deepseek+fp8.
 #
-#   bash benchmarks/results/session39/call2.sh   # device: carry [".cache/tilecpp", ".ab/pipe"], timeout 360
+#   bash benchmarks/results/session39/call2.sh   # device: carry [".cache/tilecpp"], timeout 600
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-for tree in main pipe pipe main; do
-    [ $((SECONDS + 70)) -lt 330 ] || break
-    dir=$root; [ "$tree" != main ] && dir=$root/.ab/$tree
-    step "3-tl-$tree" 70 "$dir" python3 benchmarks/timeline.py --backend cutlass --suites many-heads,mixed
-    grep -E "period|Error" "$OUT/3-tl-$tree.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
-    echo "##### $tree" >> "$OUT/3-timeline.txt"
-    cat "$OUT/3-tl-$tree.log" >> "$OUT/3-timeline-all.log" && rm -f "$OUT/3-tl-$tree.log"
-done
-grep -oE "^.*period [0-9.]+ us/call|#####.*|Error.*" "$OUT/3-timeline.txt"
+grep -q H200 "$OUT/0-gpu.log" || { echo "not an H200: suites skipped"; exit 0; }
+BENCH_LIMIT=150 bash benchmarks/run_h200.sh quantized+fp8 quantized+fp8_ds_mla deepseek+fp8 > "$OUT/2-suites.log" 2>&1
+grep -E "^=== |^\| " "$OUT/2-suites.log" | cut -c1-200 | tail -n 60
