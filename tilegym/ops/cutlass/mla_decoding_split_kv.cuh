@@ -24,8 +24,9 @@
 // running row max (log2 units; in fact a lagging frame, see below), "->" a named
 // barrier to the other warpgroup. bf16/fp16 caches:
 //   WG0  S_A = Q K_A^T (wgmma 64x64x16, 36 k-steps; the rope k-steps from registers) -> (issued);
-//        m_A = max(m, rowmax S_A); P_A = exp2(S_A - m_A) -> (m_A, P_A); O_L, l *= exp2(m - m_A);
-//        O_L += P_A V_A,L (P_A from registers); release buffer 0's tiles 0..3;
+//        m_A = max(m, rowmax S_A); P_A = exp2(S_A - m_A), stored; O_L, l *= exp2(m - m_A);
+//        O_L += P_A V_A,L issued (P_A from registers), then P_A's store fenced -> (m_A, P_A);
+//        release buffer 0's tiles 0..3;
 //        (m_B, P_B) ->; O_L, l *= exp2(m_A - m_B); O_L += P_B V_B,L (P_B from shared memory);
 //        release buffer 1's tiles 0..3; (P_A free) ->.
 //   WG1  (issued) ->; S_B = Q K_B^T; (m_A, P_A) ->; O_R, l *= exp2(m - m_A); O_R += P_A V_A,R;
@@ -44,7 +45,10 @@
 //   tiles (refilled last) get S_A's time to land; P_B goes out before P_A V_A,R is done, and WG0
 //   rewrites P_A's shared copy only after "P_A free" (same-call A/B: 3-6% off at 128 heads).
 //   A warpgroup writes its P to shared memory with stmatrix (four 8x8 matrices per instruction; 5-7%
-//   faster with an fp8 cache than 32-bit stores, 1-2% with bf16, and fewer spills).
+//   faster with an fp8 cache than 32-bit stores, 1-2% with bf16, and fewer spills). WG0 issues
+//   P_A V_A,L before the proxy fence that makes P_A's shared copy visible to WG1's matmul, as FlashMLA
+//   orders it: the fence waits for the stores, which contend with WG1's score matmuls for shared
+//   memory (same-call A/B on an H100: 0-2.5% faster at 128 heads, unchanged at 16-64; session 39).
 //   Each warpgroup sums the probabilities it computed; the two sums are added at the segment's end.
 //   m is a frame, not the exact running max: it moves only when a block's max exceeds it by more than
 //   2^8 (kReframeLog2), so probabilities stay <= 256 (exact enough in bf16/fp16, and float sums) and a
@@ -133,11 +137,6 @@
 // of it, either way by shape (benchmarks/NOTES_cutlass.md, "Session 38").
 #ifndef TILEGYM_WIDE_PIPELINED
 #define TILEGYM_WIDE_PIPELINED 0
-#endif
-// 1: the next segment's query is copied as soon as this segment's score matmuls are done, so that its
-// load overlaps the output stores (an A/B switch; 0 copies it at the next segment's start).
-#ifndef TILEGYM_EARLY_QUERY
-#define TILEGYM_EARLY_QUERY 0
 #endif
 
 namespace tilegym_cute {
@@ -638,12 +637,6 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
     }
     commit_async_copies();
   };
-  // Whether the piece meets batch row b (holds at least one of its blocks).
-  auto meets_row = [&](int b) {
-    const int row_begin = cum_blocks[b], row_end = cum_blocks[b + 1];
-    return (end < row_end ? end : row_end) > (start > row_begin ? start : row_begin);
-  };
-  bool query_in_flight = false;  // TILEGYM_EARLY_QUERY: the current segment's Q was copied at the last one's end
 
   for (int b = first_row; b <= last_row; ++b) {
     const int row_begin = cum_blocks[b];
@@ -692,8 +685,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
     };
     consumers_sync();  // the previous segment is done with Q (and, without a producer, every buffer)
-    if (!query_in_flight) load_query(b);
-    query_in_flight = false;
+    load_query(b);
     if constexpr (kFp8 != 0) {
       issue_block(first_blk, 0);
       if (first_blk + 1 < end_blk) issue_block(first_blk + 1, 1);
@@ -778,8 +770,9 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
     };
     // rP -> smem.p[b] for the other warpgroup's P V. rP32[2 j + h] holds rows my_row0 + 8 h, columns
     // 8 j + (lane % 4) * 2 + {0, 1}: the 8x8 matrices of stmatrix, four per instruction (column groups
-    // 2 q, 2 q + 1, both row halves); lane l gives the address of row l % 8 of matrix l / 8.
-    auto store_p = [&](int b) __attribute__((always_inline)) {
+    // 2 q, 2 q + 1, both row halves); lane l gives the address of row l % 8 of matrix l / 8. fence:
+    // end with the proxy fence that makes the copy visible to wgmma (else the caller fences later).
+    auto store_p = [&](int b, bool fence = true) __attribute__((always_inline)) {
       const int lane = wt & 31;
       const int st_row = (wt / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
@@ -789,7 +782,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
                      "r"(rP32[4 * q]), "r"(rP32[4 * q + 1]), "r"(rP32[4 * q + 2]), "r"(rP32[4 * q + 3])
                      : "memory");
       }
-      fence_async_shared();
+      if (fence) fence_async_shared();
     };
 
     if constexpr (kPipelined) {
@@ -1104,7 +1097,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
 
         // P = exp2(S - m) for this warpgroup's block -> registers (rP) and shared memory (smem.p[buf]);
         // this thread's share of the row sums.
-        auto softmax_to = [&](int buf, const float (&safe)[2]) __attribute__((always_inline)) {
+        auto softmax_to = [&](int buf, const float (&safe)[2], bool fence = true) __attribute__((always_inline)) {
 #pragma unroll
           for (int i = 0; i < 32; i += 2) {
             const int k = row_half(i);
@@ -1113,7 +1106,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
             l[k] += p[i] + p[i + 1];
             rP32[i / 2] = Types<M>::pack(p[i], p[i + 1]);
           }
-          store_p(buf);
+          store_p(buf, fence);
         };
 
         if (wg == 0) {
@@ -1129,11 +1122,12 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
             m[k] = safe;  // for softmax_to
             if ((wt & 3) == 0) smem.m[0][my_row0 + 8 * k] = m_a[k];
           }
-          softmax_to(0, m);
-          bar_arrive(kBarMaxA);
-          if (reframed(scale)) scale_o(scale);  // O_L is this warpgroup's alone: after publishing P_A
+          softmax_to(0, m, false);  // P_A -> shared memory, not yet fenced
+          if (reframed(scale)) scale_o(scale);  // O_L is this warpgroup's alone
           clear_tail(blk_a, 0);
-          pv_local(0);
+          pv_local(0);  // reads P_A from registers, so it need not wait for the fence WG1's copy needs
+          fence_async_shared();
+          bar_arrive(kBarMaxA);
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_o);
           warpgroup_fence_operand(rP);
@@ -1212,16 +1206,6 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       if ((wt & 3) == 0) smem.sum[wg][my_row0 + 8 * k] = l[k];
     }
     consumers_sync();
-    if constexpr (TILEGYM_EARLY_QUERY != 0) {
-      // Both warpgroups are past their last score matmuls (each waited for the other's), so Q is free:
-      // the next segment's copy overlaps the stores below.
-      int next = b + 1;
-      while (next <= last_row && !meets_row(next)) ++next;
-      if (next <= last_row) {
-        load_query(next);
-        query_in_flight = true;
-      }
-    }
     float inv[2], lse[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
