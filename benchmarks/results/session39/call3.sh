@@ -12,6 +12,7 @@ cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
 fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }  # CALL_BUDGET: seconds this call may use
+step_rc=1
 fits 150 && step 2-tests-f8 150 "$root/.ab/f8" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -x \
     tests/test_cutlass_fp8.py tests/test_cutlass_backend.py
 grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-f8.log" | tail -n 6
