@@ -16,7 +16,7 @@ ab() {
     local v=$1 kv=$2 suites=$3
     shift 3
     step_rc=1
-    fits 90 && step "2-tests-$v" 90 "$root/.ab/$v" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu \
+    fits 120 && step "2-tests-$v" 120 "$root/.ab/$v" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu \
         -rfEs -x "$@"
     grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-$v.log" | tail -n 4
     [ "$step_rc" -eq 0 ] || return 0
