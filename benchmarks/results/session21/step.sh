@@ -44,3 +44,15 @@ timeline_trees() {
         (cd "$tree" && PYTHONPATH=. python3 benchmarks/timeline.py --backend tilecpp "$@" 2>&1 | grep -E "period|Error|B[0-9]")
     done
 }
+
+# cutlass_timeline TREE KV SUITES LIMIT: the cutlass profiler timeline of SUITES (cache KV) in TREE (main
+# or a folder under .ab/): its period lines, labelled, appended to $OUT/3-timeline.txt, its whole log to
+# $OUT/3-timeline-all.log (the device returns at most 8 files). Needs $root (begin_call).
+cutlass_timeline() {
+    local tree=$1 kv=$2 suites=$3 limit=$4 dir=$root
+    [ "$tree" != main ] && dir=$root/.ab/$tree
+    step 3-tl "$limit" "$dir" python3 benchmarks/timeline.py --backend cutlass --kv "$kv" --suites "$suites"
+    grep -E "period|Error" "$OUT/3-tl.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
+    echo "##### $tree ($kv)" >> "$OUT/3-timeline.txt"
+    cat "$OUT/3-tl.log" >> "$OUT/3-timeline-all.log" && rm -f "$OUT/3-tl.log"
+}

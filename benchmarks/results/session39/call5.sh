@@ -1,32 +1,31 @@
 #!/usr/bin/env bash
-# Session 39, device call 5 (any Hopper; the session's last device time): call 3 first (the late P fence
-# in the fp8 order, .ab/f8), then, with what is left, call 4's variant (.ab/wg1: WG1 issues P_A V_A,R
-# behind S_B before waiting for S_B). .ab/wg1 builds without a ptxas serialisation warning but spills in
-# the step loop (cuobjdump: 390 local loads/stores in SASS against main's 69, stack 224 B against 80),
-# so a loss there says "not as built", not "not the idea".
+# Session 39's two unrun step changes against main (any Hopper), from trees .ab/f8 and .ab/wg1 made by
+# applying the patches in variants/ to a copy of the tree (cubins: `python -m tilegym precompile --arch
+# sm_90a --backend cutlass` in each tree):
+# - f8 (fp8-order-late-p-fence.patch): in the fp8 step order, WG1 issues P_B V_B,R (P_B from registers)
+#   before fencing P_B's shared copy, as main's bf16 order now does for P_A.
+# - wg1 (wg1-pv-behind-scores.patch): WG1 issues P_A V_A,R behind its own S_B before waiting for S_B.
+#   As built it spills in the step loop (NOTES_cutlass.md, "Session 39"): fix that before timing it.
+# For each: its GPU tests, then the profiler timeline in main, VARIANT, VARIANT, main. A step runs only
+# if CALL_BUDGET (seconds, default 560) still covers its limit, so the call returns whole steps.
 #
 #   CALL_BUDGET=S bash benchmarks/results/session39/call5.sh   # carry [".cache/tilecpp", ".ab/f8", ".ab/wg1"]
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }  # CALL_BUDGET: seconds this call may use
-# ab VARIANT KV TESTS...: VARIANT's GPU tests, then the timeline (cache KV) in main, VARIANT, VARIANT, main
+fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }
+# ab VARIANT KV SUITES TESTS...: VARIANT's GPU tests, then the timeline in main, VARIANT, VARIANT, main
 ab() {
     local v=$1 kv=$2 suites=$3
     shift 3
     step_rc=1
     fits 120 && step "2-tests-$v" 120 "$root/.ab/$v" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu \
         -rfEs -x "$@"
-    grep -E "passed|failed|FAILED|Error" "$OUT/2-tests-$v.log" | tail -n 4
     [ "$step_rc" -eq 0 ] || return 0
     for tree in main "$v" "$v" main; do
         fits 50 || break
-        dir=$root; [ "$tree" != main ] && dir=$root/.ab/$tree
-        step "3-tl" 50 "$dir" python3 benchmarks/timeline.py --backend cutlass --kv "$kv" --suites "$suites"
-        grep -E "period|Error" "$OUT/3-tl.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
-        echo "##### $tree ($kv)" >> "$OUT/3-timeline.txt"
-        cat "$OUT/3-tl.log" >> "$OUT/3-timeline-all.log" && rm -f "$OUT/3-tl.log"
+        cutlass_timeline "$tree" "$kv" "$suites" 50
     done
 }
 ab f8 fp8 many-heads tests/test_cutlass_fp8.py
