@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 40, device call 1 (any Hopper): two cutlass step changes against main, from trees under .ab/
-# (each a copy of the tree with the change applied; cubins: `python -m tilegym precompile --arch sm_90a
+# (each `git archive HEAD` of main with its patch from variants/ applied by `patch -p1`; cubins: `python -m tilegym precompile --arch sm_90a
 # --backend cutlass` in each tree):
 # - u: the warpgroup index is made warp-uniform (`__shfl_sync` of tid / 128), so ptxas keeps the
 #   per-warpgroup shared-memory addresses and matmul descriptors in uniform registers: 6% fewer SASS
