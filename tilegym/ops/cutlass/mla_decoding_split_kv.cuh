@@ -421,7 +421,10 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
   auto tile_barrier = [&](int buf, int t) { return &smem.full[buf][side_boxes && t < 8 ? t & ~3 : t]; };
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;  // 0: block A, O columns 0..255; 1: block B, O columns 256..511
+  // 0: block A, O columns 0..255; 1: block B, O columns 256..511. Read through a shuffle so that ptxas
+  // knows it is warp-uniform and keeps the per-warpgroup addresses and matmul descriptors in uniform
+  // registers (session 40: 6% fewer instructions, no spills in the step loop, 10-15% faster at 128 heads).
+  const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
   const int wt = tid % 128;  // thread inside its warpgroup
   const int piece = blockIdx.x;
   const int r0 = blockIdx.y * kRows;
