@@ -233,6 +233,8 @@ def test_a_full_disk_gives_one_clear_line_and_leaves_no_temporary_files(tiny_dir
 def test_tile_kernels_need_sm80_or_newer(tiny_dir: Path) -> None:
     kernel = tiny_kernel(tiny_dir)
     assert [kernel.target_arch(a) for a in ("80", "sm_90", "sm_100")] == ["sm_80", "sm_90", "sm_100"]
+    # The arch-specific names map to the plain arch a device reports, which launches look up.
+    assert [kernel.target_arch(a) for a in ("sm_90a", "sm_100a")] == ["sm_90", "sm_100"]
     with pytest.raises(loader.UnsupportedArchError, match="sm_80 or newer"):
         kernel.target_arch("sm_75")
     assert not kernel.available("sm_75")

@@ -1034,13 +1034,16 @@ class CubinKernel:
 
 
 class TileCppKernel(CubinKernel):
-    """A ``__tile_global__`` CUDA Tile C++ kernel; targets the arch it is asked for, sm_80 or newer."""
+    """A ``__tile_global__`` CUDA Tile C++ kernel; targets the plain arch it is asked for, sm_80 or newer."""
 
     language = TILE
     kernel_dir = OPS_DIR / "tilecpp"
 
     def target_arch(self, arch: str) -> str:
-        arch = normalize_arch(arch)
+        # A device reports the plain arch ('sm_90'), which is what a launch looks up; an arch-specific
+        # name ('sm_90a', as the cutlass kernels need) maps to it, so that `precompile --arch sm_90a`
+        # builds the cubins that will be used rather than ones nothing loads.
+        arch = normalize_arch(arch).removesuffix("a")
         if arch_generation(arch) < TILE_MIN_ARCH:
             raise UnsupportedArchError(
                 f"CUDA Tile C++ needs sm_{TILE_MIN_ARCH} or newer, got {arch} (the tile toolchain generates no tile "
