@@ -28,8 +28,19 @@ def _call(heads: int, q_len: int = 1, *, dtype=torch.bfloat16, kv_dtype=None, he
 
 
 def test_too_many_query_rows_is_refused_with_a_reason() -> None:
-    reasons = cutlass_mla.supports(_call(64, q_len=4))
-    assert len(reasons) == 1 and "1..128 query rows" in reasons[0] and "4 x 64 = 256" in reasons[0]
+    reasons = cutlass_mla.supports(_call(160, q_len=8))
+    assert len(reasons) == 1 and "1..1024 query rows" in reasons[0] and "8 x 160 = 1280" in reasons[0]
+    assert cutlass_mla.supports(_call(128, q_len=8)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+
+
+@pytest.mark.parametrize(
+    ("rows", "groups"), [(1, 1), (64, 1), (65, 2), (128, 2), (129, 4), (192, 4), (256, 4), (257, 6), (1024, 16)]
+)
+def test_query_rows_run_as_one_cta_or_cluster_pairs_per_piece(rows: int, groups: int) -> None:
+    """Above one 64-row group the CTAs of a piece come in cluster pairs (the pair kernel's cluster shape),
+    so an odd number of groups gets a spare CTA."""
+    assert cutlass_mla.row_groups(rows) == groups
+    assert cutlass_mla.row_groups(min(rows, 16), cutlass_mla.FP8_MAX_QUERY_ROWS) == 1  # the 16-row fp8 kernel
 
 
 def test_fp8_cache_at_many_heads_is_taken_by_the_wgmma_kernel() -> None:
@@ -202,6 +213,8 @@ GPU_CASES = [
     (128, 1, True, (300, 0, 191, 200)),
     (128, 1, True, None),
     (16, 6, True, (300, 5, 0, 100)),  # 96 rows: a cluster pair whose second CTA is half empty
+    (128, 2, True, (300, 1, 0, 129)),  # 256 rows: two cluster pairs per piece
+    (64, 3, True, (300, 2, 0, 65)),  # 192 rows: two pairs, the last CTA without rows
 ]
 
 
@@ -305,16 +318,19 @@ def test_pieces_that_cross_rows(heads: int, q_len: int, layout: str, monkeypatch
 
 @pytest.mark.gpu
 @needs_hopper
-def test_cluster_pairs_stay_one_wave() -> None:
-    x = make_mla_inputs(64, 128, 256, device="cuda")
+@pytest.mark.parametrize(("heads", "q_len"), [(128, 1), (128, 2), (128, 4)])  # 1, 2 or 4 pairs per piece
+def test_cluster_pairs_stay_one_wave(heads: int, q_len: int) -> None:
+    x = make_mla_inputs(64, heads, 256, device="cuda", q_len=q_len)
     plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe))
     kernel = plan._split_kernel()
-    assert kernel.instance_name.endswith(", 2, 0, 0>"), "two 64-row groups should run as a cluster pair"
+    assert kernel.instance_name.endswith(", 2, 0, 0>"), "64-row groups should run as cluster pairs"
+    pairs = heads * q_len // 128
     programs = plan.schedule.shape.programs
-    fit = kernel.max_active_clusters(plan.device_index, (programs, 2, 1), (plan.threads, 1, 1), plan._shared_bytes())
+    grid = (programs, 2 * pairs, 1)
+    fit = kernel.max_active_clusters(plan.device_index, grid, (plan.threads, 1, 1), plan._shared_bytes())
     sms = torch.cuda.get_device_properties(plan.device_index).multi_processor_count
-    print(f"{fit} clusters of two fit at once on {sms} SMs; the plan cuts {programs} pieces")
-    assert programs == min(sms // 2, fit)
+    print(f"{fit} clusters of two fit at once on {sms} SMs; the plan cuts {programs} pieces of {pairs} pairs")
+    assert programs == min(sms // (2 * pairs), fit // pairs)
 
 
 @pytest.mark.gpu

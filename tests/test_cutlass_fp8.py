@@ -1,6 +1,6 @@
 """The cutlass backend's fp8 kernel (``mla_decoding_split_kv_fp8.cuh``, mma.sync): the per-tensor
 ``fp8`` cache and DeepSeek's 656-byte ``fp8_ds_mla`` tokens at up to 16 query rows; and (last
-section) the wgmma kernel's fp8 variant, which takes a per-tensor fp8 cache at 17-128 query rows.
+section) the wgmma kernel's fp8 variant, which takes a per-tensor fp8 cache at 17-1024 query rows.
 
 CPU: what ``supports()`` says about what the kernel does not take. GPU (H100/H200): parity with
 float64 on fresh random inputs (the seed is in the message): 16 and 8 heads, 1 and 2 new tokens
@@ -45,8 +45,9 @@ def fp8_call(heads: int, q_len: int = 1, *, kv_dtype=FP8, dtype=torch.bfloat16):
 
 def test_more_than_16_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only() -> None:
     assert cutlass_mla.supports(fp8_call(16, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
-    reasons = cutlass_mla.supports(fp8_call(128, q_len=2))
-    assert len(reasons) == 1 and "at most 128 query rows" in reasons[0] and "2 x 128 = 256" in reasons[0], reasons
+    assert cutlass_mla.supports(fp8_call(128, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+    reasons = cutlass_mla.supports(fp8_call(160, q_len=8))
+    assert len(reasons) == 1 and "at most 1024 query rows" in reasons[0] and "8 x 160 = 1280" in reasons[0], reasons
     x = make_mla_inputs(2, 32, 64)
     call = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
     reasons = cutlass_mla.supports(call)
@@ -354,7 +355,7 @@ def test_queries_far_from_unit_scale(dtype, exponent) -> None:
     check(out, lse, expected, "fp8", dtype, seed)
 
 
-# -------------------------------------------- fp8 at 17-128 query rows: the wgmma kernel's fp8 variant
+# ------------------------------------------- fp8 at 17-1024 query rows: the wgmma kernel's fp8 variant
 
 BF16, FP16 = torch.bfloat16, torch.float16
 # (layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
@@ -366,6 +367,8 @@ WIDE_CASES = [
     ("paged", 64, 6, 128, 1, 2500, BF16, True, None),
     ("paged", 2, 4, 64, 1, 700, BF16, True, None),  # the smallest box the variant takes
     ("ragged", 16, 5, 32, 2, 900, BF16, False, 320),
+    ("dense", 0, 3, 128, 2, 1200, BF16, True, None),  # 256 rows: two cluster pairs per piece
+    ("paged", 64, 4, 64, 3, 900, FP16, True, 256),  # 192 rows: the second pair's last CTA without rows
 ]
 
 

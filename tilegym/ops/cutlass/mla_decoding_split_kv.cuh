@@ -1,4 +1,4 @@
-// MLA decoding over a split schedule, CUDA C++ with CuTe for sm_90a (wgmma and TMA), for 1-128 query
+// MLA decoding over a split schedule, CUDA C++ with CuTe for sm_90a (wgmma and TMA), for 1-1024 query
 // rows per KV read (the compute-bound case: 64/128 heads, or several new tokens per row). Two
 // warpgroups take alternate KV blocks ("seesaw"), so one's softmax overlaps the other's matmuls.
 //
@@ -383,7 +383,7 @@ __device__ __forceinline__ void merge_row_halves(SharedStorage& smem, Acc& acc_o
 
 }  // namespace tilegym_cute
 
-// kPair = 2 (two 64-row groups): the groups of a piece (blockIdx.y 0 and 1) run as a cluster, which
+// kPair = 2 (two or more 64-row groups): groups 2k and 2k + 1 of a piece (blockIdx.y) run as a cluster, which
 // puts them on SMs of one GPC. Both read the same blocks at about the same time; from one GPC the
 // two reads cost L2 less work (ncu: same DRAM bytes, L2 throughput 47% instead of 57% of peak).
 // (Sharing the loads by TMA multicast instead was slower: each refill then waits for the slower CTA

@@ -5,8 +5,8 @@ one piece; a segment that is a whole row writes the final output, the others par
 from the 16-row fp8 kernel, ``FP8_PARTIAL_DTYPE``).
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
-    (piece, 64-row query group), 1-128 query rows; the plan encodes TMA maps of the cache tensors.
-    Its ``kFp8`` variants read a per-tensor fp8 cache at 17-128 query rows (fp8 tiles widened to
+    (piece, 64-row query group), 1-1024 query rows; the plan encodes TMA maps of the cache tensors.
+    Its ``kFp8`` variants read a per-tensor fp8 cache at 17-1024 query rows (fp8 tiles widened to
     fp16 in shared memory, the query staged as fp16);
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
     a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
@@ -87,7 +87,9 @@ COMBINE_CTAS_PER_SM = 6  # the combine's __launch_bounds__ minimum (kCtasPerSm):
 # One row per warp: with more, a warp's rows run one after another, one memory latency each (session 23,
 # mixed lengths at 128 heads: 185 us per call with 24 rows per CTA, about one wave, against 178 with 4).
 COMBINE_MAX_ROWS_PER_CTA = 4
-MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 128  # Q*H served (64-row groups; 16..128 is the intended range)
+# Q*H served: 64-row groups, one CTA or pairs of them per piece (above 128 rows several pairs,
+# `row_groups`); 1024 is 8 new tokens at 128 heads, the contract's largest Q at DeepSeek's head count.
+MIN_QUERY_ROWS, MAX_QUERY_ROWS = 1, 1024
 LOG2E = math.log2(math.e)  # the kernel's softmax works in base 2
 C_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 PARTIAL_C_TYPES = {torch.float32: "float", torch.float16: "__half"}
@@ -344,6 +346,14 @@ def merges_row_halves(call: MLADecodeCall) -> bool:
     return low is not None and call.kv_format not in FP8_FORMATS and low <= call.query_rows <= ROWS_PER_CTA
 
 
+def row_groups(query_rows: int, rows_per_cta: int = ROWS_PER_CTA) -> int:
+    """CTAs per piece: one per group of ``rows_per_cta`` query rows, and above one group an even count,
+    cluster pairs of two groups (above 128 rows several pairs per piece; with an odd number of 64-row
+    groups the last pair's second CTA holds no rows and stores nothing)."""
+    groups = cdiv(query_rows, rows_per_cta)
+    return groups if groups == 1 else PAIR_GROUPS * cdiv(groups, PAIR_GROUPS)
+
+
 def rows_merged_in_pairs(schedule: SplitSchedule) -> list[bool]:
     """Which batch rows the row-halves kernel merges itself: those cut exactly into pieces 2k and 2k + 1
     (the test of merge_row_halves' callers and of the combine). Reads the schedule back (a sync): for
@@ -442,7 +452,7 @@ def partial_dtype(call: MLADecodeCall) -> torch.dtype:
 
 
 def _kernels_of(call: MLADecodeCall) -> tuple[tuple[str, CudaKernel], ...]:
-    split = _split_kernel_of(call, cdiv(call.query_rows, ROWS_PER_CTA) == PAIR_GROUPS)
+    split = _split_kernel_of(call, row_groups(call.query_rows) >= PAIR_GROUPS)
     return (("split", split), ("combine", combine_kernel(call.q.dtype, partial_dtype(call))))
 
 
@@ -525,7 +535,8 @@ class CutlassDecodePlan:
 
     def __init__(self, call: MLADecodeCall) -> None:
         self.call = call
-        self.groups = groups = cdiv(call.query_rows, self.rows_per_cta)
+        self.groups = groups = row_groups(call.query_rows, self.rows_per_cta)
+        self.paired = groups >= PAIR_GROUPS  # cluster pairs (the pair kernel)
         self.merge = merges_row_halves(call)
         self.device_index = call.device.index if call.device.index is not None else torch.cuda.current_device()
         shape = schedule_shape(
@@ -581,7 +592,7 @@ class CutlassDecodePlan:
             grid,
             (self.threads, 1, 1),
             self._shared_bytes(),
-            early_start=self.early_split and groups != PAIR_GROUPS and (self.early_merge_split or not self.merge),
+            early_start=self.early_split and not self.paired and (self.early_merge_split or not self.merge),
         )
         combine = combine_kernel(call.q.dtype, self.part_out.dtype)
         self._launch_combine = combine.bind(
@@ -592,11 +603,11 @@ class CutlassDecodePlan:
         )
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, merge=self.merge)
+        return split_kernel(self.call.q.dtype, self.paired, merge=self.merge)
 
     def _snap(self) -> float:
         """How much longer a piece may get to hold whole segments of equal-length rows."""
-        return PAIR_SNAP if self.groups == PAIR_GROUPS else 0.0
+        return PAIR_SNAP if self.paired else 0.0
 
     def _one_wave(self, shape: ScheduleShape) -> ScheduleShape:
         """``shape`` with no more pieces than CTAs of whole clusters the GPU runs at once (clusters need
@@ -608,11 +619,12 @@ class CutlassDecodePlan:
             grid, block = (2 * cdiv(shape.programs, 2), 1, 1), (self.threads, 1, 1)
             fit = self._split_kernel().max_active_clusters(self.device_index, grid, block, self._shared_bytes())
             return dataclasses.replace(shape, programs=2 * max(1, min(shape.programs // 2, fit)))
-        if self.groups != PAIR_GROUPS or shape.fixed_blocks is not None:
+        if not self.paired or shape.fixed_blocks is not None:
             return shape
         grid, block = (shape.programs, self.groups, 1), (self.threads, 1, 1)
         fit = self._split_kernel().max_active_clusters(self.device_index, grid, block, self._shared_bytes())
-        return dataclasses.replace(shape, programs=max(1, min(shape.programs, fit)))
+        pairs_per_piece = self.groups // PAIR_GROUPS
+        return dataclasses.replace(shape, programs=max(1, min(shape.programs, fit // pairs_per_piece)))
 
     def _shared_bytes(self) -> int:
         return SHARED_BYTES
@@ -622,7 +634,7 @@ class CutlassDecodePlan:
         return 0
 
     def _segment_cost_tokens(self) -> int:
-        return PAIR_SEGMENT_COST_TOKENS if self.groups == PAIR_GROUPS else SEGMENT_COST_TOKENS
+        return PAIR_SEGMENT_COST_TOKENS if self.paired else SEGMENT_COST_TOKENS
 
     def _cache_pointers(self, kpe: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return ()  # the TMA maps address the cache
@@ -767,13 +779,13 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
 
 class CutlassFp8WideDecodePlan(CutlassDecodePlan):
-    """A per-tensor fp8 cache at 17-128 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
+    """A per-tensor fp8 cache at 17-1024 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
     latent and rope in unswizzled 64-byte rows (the kernel widens them) and the scale read on the device."""
 
     threads = THREADS  # no producer warpgroup: each consumer issues its own refills
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.groups == PAIR_GROUPS, fp8=True)
+        return split_kernel(self.call.q.dtype, self.paired, fp8=True)
 
     def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
         return (kv_scale.data_ptr(),)
