@@ -45,14 +45,20 @@ timeline_trees() {
     done
 }
 
-# cutlass_timeline TREE KV SUITES LIMIT: the cutlass profiler timeline of SUITES (cache KV) in TREE (main
-# or a folder under .ab/): its period lines, labelled, appended to $OUT/3-timeline.txt, its whole log to
-# $OUT/3-timeline-all.log (the device returns at most 8 files). Needs $root (begin_call).
+# fits SECONDS: whether a step of that limit still ends inside the call's budget (CALL_BUDGET, default 560 s),
+# so that a call returns whole steps.
+fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }
+
+# cutlass_timeline TREE KV SUITES LIMIT [ARGS...]: the cutlass profiler timeline of SUITES (cache KV) in TREE
+# (main or a folder under .ab/), with timeline.py's ARGS: its period lines, labelled, appended to
+# $OUT/3-timeline.txt, its whole log to $OUT/3-timeline-all.log (the device returns at most 8 files).
+# Needs $root (begin_call).
 cutlass_timeline() {
     local tree=$1 kv=$2 suites=$3 limit=$4 dir=$root
+    shift 4
     [ "$tree" != main ] && dir=$root/.ab/$tree
-    step 3-tl "$limit" "$dir" python3 benchmarks/timeline.py --backend cutlass --kv "$kv" --suites "$suites"
+    step 3-tl "$limit" "$dir" python3 benchmarks/timeline.py --backend cutlass --kv "$kv" --suites "$suites" "$@"
     grep -E "period|Error" "$OUT/3-tl.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
-    echo "##### $tree ($kv)" >> "$OUT/3-timeline.txt"
+    echo "##### $tree${*:+ $*} ($kv)" >> "$OUT/3-timeline.txt"
     cat "$OUT/3-tl.log" >> "$OUT/3-timeline-all.log" && rm -f "$OUT/3-tl.log"
 }

@@ -15,7 +15,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }
 # tests VARIANT LIMIT TESTS...: VARIANT's GPU tests (step_rc 0 when they pass)
 tests() {
     local v=$1 limit=$2

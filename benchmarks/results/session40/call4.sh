@@ -8,7 +8,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }
 fits 60 && step 1-tests 60 "$root" python3 -m pytest -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -x \
     tests/test_cutlass_backend.py tests/test_cutlass_fp8.py -k "lens10 or lens11 or one_wave or 128-2-1200 or 64-3-900"
 fits 40 && step 2-mtp 40 "$root" python3 -m tilegym bench --suite mtp --backends cutlass,triton --repeat 10 --no-plot \

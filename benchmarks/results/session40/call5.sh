@@ -17,21 +17,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }
-# tl TREE SUITES [ARGS...]: the fp8 timeline of SUITES in TREE (main or t2), labelled in $OUT/3-timeline.txt
-tl() {
-    local tree=$1 suites=$2 dir=$root
-    shift 2
-    [ "$tree" != main ] && dir=$root/.ab/$tree
-    step 3-tl 50 "$dir" python3 benchmarks/timeline.py --backend cutlass --kv fp8 --suites "$suites" "$@"
-    grep -E "period|Error" "$OUT/3-tl.log" | cut -c1-150 >> "$OUT/3-timeline.txt"
-    echo "##### $tree $* ($suites, fp8)" >> "$OUT/3-timeline.txt"
-    cat "$OUT/3-tl.log" >> "$OUT/3-timeline-all.log" && rm -f "$OUT/3-tl.log"
-}
 fits 150 && step 2-tests-t2 150 "$root/.ab/t2" python3 -m pytest -p no:cacheprovider -q -m gpu -rfEs -n 4 \
     tests/test_cutlass_fp8.py tests/test_cutlass_backend.py
 if [ "${step_rc:-1}" -eq 0 ]; then
-    for tree in main t2 t2 main; do fits 50 && tl "$tree" quantized; done
-    for flag in "" --fp8-two-tiles --fp8-two-tiles ""; do fits 50 && tl t2 mtp $flag; done
+    for tree in main t2 t2 main; do fits 50 && cutlass_timeline "$tree" fp8 quantized 50; done
+    for flag in "" --fp8-two-tiles --fp8-two-tiles ""; do fits 50 && cutlass_timeline t2 fp8 mtp 50 $flag; done
 fi
 grep -hE "period [0-9.]+ us/call|#####|Error" "$OUT/3-timeline.txt"

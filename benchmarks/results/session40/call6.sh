@@ -17,7 +17,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source benchmarks/results/session21/step.sh
 begin_call
-fits() { [ $((SECONDS + $1)) -lt "${CALL_BUDGET:-560}" ]; }
 fits 120 && step 2-tests-w16 120 "$root/.ab/w16" python3 -m pytest -p no:cacheprovider -q -m gpu -rfEs -n 4 \
     tests/test_cutlass_fp8.py -k "many_query_rows or grow_along"
 if [ "${step_rc:-1}" -eq 0 ]; then
