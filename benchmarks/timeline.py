@@ -122,7 +122,12 @@ def main() -> None:
     ap.add_argument("--segment-cost", type=int, action="append", default=[], help="segment start, tokens")
     ap.add_argument("--merge", type=int, action="append", default=[], help="cutlass: MERGE_MIN_QUERY_ROWS (0: never)")
     ap.add_argument("--early-merge-split", action="store_true", help="cutlass: the row-halves kernel as a PDL")
+    ap.add_argument("--fp8-one-tile", action="store_true", help="cutlass: FP8_TWO_TILES off (17-32 fp8 rows)")
     a = ap.parse_args()
+    if a.fp8_one_tile:
+        from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
+
+        cutlass_mla.FP8_TWO_TILES = False
     if a.early_merge_split:
         from tilegym.ops.cutlass import mla_decoding_split_kv as cutlass_mla
 

@@ -115,8 +115,11 @@ def test_every_variant_is_listed_for_precompile() -> None:
     fp8 = []
     for configs in (cutlass_mla.FP8_CONFIGS, cutlass_mla.FP8_FEW_BLOCKS_CONFIGS):
         tiles, ds = (f"{c.stages}, {c.groups}, {c.ctas_per_sm}, {c.chunk}" for c in configs.values())  # kStages ..
-        fp8 += [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {tiles}>" for c in ("__half", "__nv_bfloat16")]
-        fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}>")  # fp8_ds_mla: bf16 queries only
+        fp8 += [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {tiles}, 1>" for c in ("__half", "__nv_bfloat16")]  # one row tile
+        fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {ds}, 1>")  # fp8_ds_mla: bf16 queries only
+    two = cutlass_mla.FP8_TWO_TILE_CONFIG
+    two_tiles = f"{two.stages}, {two.groups}, {two.ctas_per_sm}, {two.chunk}, 2"
+    fp8 += [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {two_tiles}>" for c in ("__half", "__nv_bfloat16")]  # per-tensor
     assert names == sorted(
         [
             *(

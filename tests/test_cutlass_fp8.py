@@ -64,17 +64,21 @@ def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
     assert len(reasons) == 1 and reasons[0].startswith("cutlass needs q rows on 16-byte boundaries"), reasons
 
 
-def test_more_than_16_query_rows_refuse_pages_of_one_token() -> None:
-    """The wgmma kernel's fp8 variant TMA-loads boxes of 64-byte tokens that must start on 128-byte
-    boundaries: pages of 1 token (boxes of 1) are refused, pages of 2 taken."""
-    x = make_mla_inputs(2, 64, 64, kv_dtype=FP8, kv_lens=[64, 50])
-    for page_size, expected in ((1, "got pages of 1 tokens"), (2, None)):
-        kwargs, _ = cache_kwargs(x, "fp8", "paged", page_size)
-        reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **kwargs))
-        if expected is None:
-            assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
-        else:
-            assert len(reasons) == 1 and "boxes of 2 or more tokens" in reasons[0] and expected in reasons[0], reasons
+@pytest.mark.parametrize(
+    ("heads", "page_size", "refused"), [(64, 1, True), (64, 2, False), (32, 1, False), (33, 1, True)]
+)
+def test_more_than_32_query_rows_refuse_pages_of_one_token(heads, page_size, refused) -> None:
+    """The wgmma kernel's fp8 variant (above the fp8 kernel's 32 rows) TMA-loads boxes of 64-byte tokens
+    that must start on 128-byte boundaries: pages of 1 token (boxes of 1) are refused, pages of 2 taken;
+    the fp8 kernel's two row tiles (17-32 rows) take pages of 1."""
+    x = make_mla_inputs(2, heads, 64, kv_dtype=FP8, kv_lens=[64, 50])
+    kwargs, _ = cache_kwargs(x, "fp8", "paged", page_size)
+    reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **kwargs))
+    if refused:
+        assert len(reasons) == 1, reasons
+        assert "more than 32 query rows" in reasons[0] and "got pages of 1 tokens" in reasons[0], reasons
+    else:
+        assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
 
 
 @pytest.mark.skipif(not hasattr(torch, "float8_e4m3fnuz"), reason="this torch has no float8_e4m3fnuz")
@@ -157,6 +161,36 @@ def test_a_config_without_warpgroups_or_stages_is_refused_with_a_reason() -> Non
 
 
 # ----------------------------------------------------------------------------------------- GPU parity
+
+
+def test_two_row_tiles_take_17_to_32_rows_of_a_per_tensor_cache(monkeypatch) -> None:
+    """FP8_TWO_TILES routes 17-32 query rows of a per-tensor fp8 cache to the fp8 kernel with two row
+    tiles (its own config); off, they go to the wgmma kernel's fp8 variant; fp8_ds_mla stays at 16."""
+    monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)
+    assert cutlass_mla.fp8_row_tiles(fp8_call(16, q_len=2)) is None
+    assert cutlass_mla._split_kernel_of(fp8_call(16, q_len=2)).instance_name.endswith(", 1, 1, 0>")  # kFp8 variant
+    monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", True)
+    shapes = [(16, 1), (8, 2), (16, 2), (24, 1), (32, 1)]
+    assert [cutlass_mla.fp8_row_tiles(fp8_call(h, q_len=q)) for h, q in shapes] == [1, 1, 2, 2, 2]
+    assert cutlass_mla.fp8_row_tiles(fp8_call(16, q_len=3)) is None
+    assert cutlass_mla.fp8_config(fp8_call(32)) == cutlass_mla.FP8_TWO_TILE_CONFIG
+    kernel = cutlass_mla._split_kernel_of(fp8_call(32))
+    assert kernel.instance_name.startswith(f"{cutlass_mla.FP8_KERNEL}<") and kernel.instance_name.endswith(", 2>")
+    x = make_mla_inputs(2, 32, 64)
+    ds_mla = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
+    assert cutlass_mla.fp8_row_tiles(ds_mla) is None
+    assert kernel in cutlass_mla.all_kernels()
+
+
+def test_two_row_tiles_double_the_staged_query_and_scores() -> None:
+    """Two tiles of 16 rows: the query's e4m3 parts and S [32, 72] per warpgroup double; two CTAs of two
+    stages no longer fit an SM, one CTA of four stages and two warpgroups does (fp16 queries too)."""
+    config, bf16, fp16 = cutlass_mla.FP8_TWO_TILE_CONFIG, torch.bfloat16, torch.float16
+    rest = 1024 + 2 * 32 * 72 * 4 + 32 * 4 + 4 * 12
+    assert cutlass_mla.fp8_shared_bytes("fp8", config, bf16, 2) == 4 * 64 * 576 + 64 * 576 + rest
+    assert cutlass_mla.fp8_shared_bytes("fp8", config, fp16, 2) == 4 * 64 * 576 + 96 * 576 + rest
+    assert cutlass_mla.fp8_config_fits("fp8", config, bf16, 2) and cutlass_mla.fp8_config_fits("fp8", config, fp16, 2)
+    assert not cutlass_mla.fp8_config_fits("fp8", cutlass_mla.FP8_CONFIGS["fp8"], bf16, 2)
 
 
 def require_cutlass() -> None:
@@ -254,6 +288,44 @@ def test_fp8_caches_match_float64(
     scale = x.kv_scale if fmt == "fp8" else None
     expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale, causal=causal)
     check(out, lse, expected, fmt, dtype, seed)
+    empty = (x.kv_lens <= 0).cpu()
+    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+
+
+# Two row tiles (FP8_TWO_TILES): (layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, split)
+TWO_TILE_CASES = [
+    ("dense", 0, 12, 16, 2, 3000, torch.bfloat16, True, None),  # MTP: 32 rows
+    ("dense", 0, 6, 24, 1, 1000, torch.float16, True, 256),  # 24 rows: a half-empty second tile, splits
+    ("paged", 64, 8, 32, 1, 2500, torch.bfloat16, True, None),
+    ("paged", 1, 5, 16, 2, 700, torch.bfloat16, False, None),
+    ("ragged", 16, 6, 8, 4, 900, torch.bfloat16, True, 320),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"), TWO_TILE_CASES, ids=str
+)
+def test_two_row_tiles_match_float64(
+    layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, monkeypatch
+) -> None:
+    require_cutlass()
+    monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", True)
+    generator, seed = fresh_generator()
+    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
+    lens[:3] = [0, 1, seq_len]
+    x = make_mla_inputs(
+        batch, heads, seq_len, dtype=dtype, kv_dtype=FP8, kv_lens=lens, q_len=q_len, device="cuda", generator=generator
+    )
+    kwargs, _ = cache_kwargs(x, "fp8", layout, page_size, generator=generator)
+    plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, **kwargs))
+    assert isinstance(plan, cutlass_mla.CutlassFp8DecodePlan) and plan.row_tiles == 2
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
+    )
+    torch.cuda.synchronize()
+    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, causal=causal)
+    check(out, lse, expected, "fp8", dtype, seed)
     empty = (x.kv_lens <= 0).cpu()
     assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
 

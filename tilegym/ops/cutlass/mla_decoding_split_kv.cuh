@@ -261,25 +261,27 @@ __device__ __forceinline__ unsigned char* wide_tile(SharedStorage& smem, int buf
   return t == 8 ? smem.kpe[buf] : smem.kv[buf] + t * kTileBytes;
 }
 
-// Two e4m3 values (the low 16 bits of x, the first in the low byte) -> f16x2, exactly.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  uint32_t y;
-  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(y) : "r"(x));
-  return y;
+// Four e4m3 bytes -> two f16x2 (bytes 0, 1 -> lo; bytes 2, 3 -> hi), exactly. The word is split into
+// its 16-bit halves by a move (no shifts).
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
 }
 
 // kFp8: tiles t0 .. t0 + n - 1 of buffer buf (n = 1 or 2 of one side, or the rope), fp8 staging -> the swizzled
-// fp16 tiles, by the 128 threads of warpgroup wg (thread wt: 8-byte pieces wt, wt + 128, ... of each:
-// token u / 8, columns 8 (u % 8) ..; a warp reads 256 contiguous bytes and writes four whole 128-byte
-// rows). All reads are issued before any conversion; one barrier makes the tiles visible to wgmma.
+// fp16 tiles, by the 128 threads of warpgroup wg (thread wt: 16-byte pieces wt, wt + 128 of each: token
+// u / 4, columns 16 (u % 4) .., which widen into the row's 16-byte chunks 2 (u % 4) and 2 (u % 4) + 1; a
+// warp reads 512 contiguous bytes and writes eight whole 128-byte rows). All reads are issued before any
+// conversion; one barrier makes the tiles visible to wgmma.
 template <int n>
 __device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, int t0, int wg, int wt) {
-  uint2 v[n][4];
+  uint4 v[n][2];
 #pragma unroll
   for (int k = 0; k < n; ++k) {
     const unsigned char* src = fp8_staging(smem, buf, t0 + k);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[k][i] = *reinterpret_cast<const uint2*>(src + (i * 128 + wt) * 8);
+    for (int i = 0; i < 2; ++i) v[k][i] = *reinterpret_cast<const uint4*>(src + (i * 128 + wt) * 16);
   }
   // Tile j of a side writes the fp8 bytes of tiles 2j - 4 and 2j - 3: when those are in this group (its
   // last tile is the side's), or for the rope (its own bytes), every read comes before any write.
@@ -289,11 +291,16 @@ __device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, in
   for (int k = 0; k < n; ++k) {
     unsigned char* dst = wide_tile(smem, buf, t0 + k);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int u = i * 128 + wt, token = u >> 3, chunk = u & 7;
-      const uint4 w = make_uint4(e4m3x2_to_f16x2(v[k][i].x), e4m3x2_to_f16x2(v[k][i].x >> 16),
-                                 e4m3x2_to_f16x2(v[k][i].y), e4m3x2_to_f16x2(v[k][i].y >> 16));
-      *reinterpret_cast<uint4*>(dst + token * 128 + ((chunk ^ (token & 7)) << 4)) = w;
+    for (int i = 0; i < 2; ++i) {
+      const int u = i * 128 + wt, token = u >> 2, chunk = 2 * (u & 3);
+      uint4 lo, hi;  // fp16 columns 16 (u % 4) .. + 7 and + 8 .. + 15
+      e4m3x4_to_f16x4(v[k][i].x, lo.x, lo.y);
+      e4m3x4_to_f16x4(v[k][i].y, lo.z, lo.w);
+      e4m3x4_to_f16x4(v[k][i].z, hi.x, hi.y);
+      e4m3x4_to_f16x4(v[k][i].w, hi.z, hi.w);
+      unsigned char* row = dst + token * 128;
+      *reinterpret_cast<uint4*>(row + ((chunk ^ (token & 7)) << 4)) = lo;
+      *reinterpret_cast<uint4*>(row + (((chunk + 1) ^ (token & 7)) << 4)) = hi;
     }
   }
   fence_async_shared();

@@ -2,16 +2,17 @@
 
 Stage 1 walks the schedule (``tilegym.ops.schedule``) with one wave of persistent CTAs, each taking
 one piece; a segment that is a whole row writes the final output, the others partials (float32; fp16
-from the 16-row fp8 kernel, ``FP8_PARTIAL_DTYPE``).
+from the fp8 kernel, ``FP8_PARTIAL_DTYPE``).
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
     (piece, 64-row query group), 1-1024 query rows; the plan encodes TMA maps of the cache tensors.
-    Its ``kFp8`` variants read a per-tensor fp8 cache at 17-1024 query rows (fp8 tiles widened to
+    Its ``kFp8`` variants read a per-tensor fp8 cache at 33-1024 query rows (fp8 tiles widened to
     fp16 in shared memory, the query staged as fp16);
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
     a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
-    rows, where decoding is bound by the cache bytes; CTAs of one or more 128-thread warpgroups
-    taking alternate blocks; the plan encodes TMA maps of the cache's values, rope and scales.
+    rows, and a per-tensor cache at 17-32 rows with two row tiles, where decoding is bound by the cache
+    bytes; CTAs of one or more 128-thread warpgroups taking alternate blocks; the plan encodes TMA
+    maps of the cache's values, rope and scales.
 Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
 zeroes empty rows, up to 4 query rows per CTA; it is a programmatic dependent launch (its CTAs are
 placed as the split kernel's CTAs end and wait on the device for the split grid, with no kernel
@@ -104,7 +105,12 @@ FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
 FP8_KERNEL = "mla_decode_fp8_split_kernel"
 FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX_QUERY_ROWS = 16  # one CTA holds every query row (the N of the scores' wgmma, per part)
+FP8_MAX_QUERY_ROWS = 16  # query rows of one row tile of the fp8 kernel (the N of the scores' wgmma, per part)
+# Two row tiles per CTA (17-32 query rows of a per-tensor fp8 cache: 16 heads x 2 new tokens, or 32
+# heads): each V fragment is widened once for both tiles' mma. Two tiles double the staged query and S,
+# so two CTAs per SM no longer fit: two warpgroups share one CTA's four stages. H100, 64 x 4096 x 16
+# with Q = 2: 95.6 us in the wgmma kernel's fp8 variant, 75.8 with two tiles (False: that variant).
+FP8_TWO_TILES = True
 # More fp8 query rows go to the wgmma kernel's kFp8 variant, which TMA-loads fp8 tokens of 64 bytes: a
 # box must start on a 128-byte boundary in shared memory, so boxes hold at least two tokens.
 FP8_WIDE_MIN_BOX_ROWS = 2
@@ -153,6 +159,7 @@ FP8_CONFIGS = {"fp8": Fp8Config(2, 1, 2, snap=FP8_SNAP), FP8_DS_MLA: Fp8Config(2
 # lengths with more than 16 per SM by their longest row slower too (32 rows U[1, 8192]: 31.0 -> 32.3).
 FP8_FEW_BLOCKS_CONFIGS = {"fp8": Fp8Config(4, 2, 1), FP8_DS_MLA: Fp8Config(4, 2, 1)}
 FP8_FEW_BLOCKS_PER_SM = 16
+FP8_TWO_TILE_CONFIG = Fp8Config(4, 2, 1)
 FP8_BLOCK_N = 64  # KV tokens per block: the M of the scores' wgmma
 # At most this many pieces per row of average length (H200, 1 x 32768 x 16 fp8: 256 pieces of 2
 # blocks 72.9 us, 64 pieces of 8 blocks 43.6 us; 4 x 1024 and 64 x 4096 unchanged).
@@ -252,25 +259,25 @@ def fp8_stage_bytes(kv_format: str) -> int:
     return FP8_BLOCK_N * (HEAD_DIM + rope + scales)
 
 
-def fp8_shared_bytes(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Dynamic shared memory of the fp8 kernel for ``dtype`` queries (mirrors its ``Tiles`` and
-    trailing buffers)."""
-    rows, n = FP8_MAX_QUERY_ROWS, FP8_BLOCK_N
+def fp8_shared_bytes(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16, row_tiles: int = 1) -> int:
+    """Dynamic shared memory of the fp8 kernel for ``dtype`` queries and ``row_tiles`` tiles of 16 query
+    rows (mirrors its ``Tiles`` and trailing buffers)."""
+    rows, n = FP8_MAX_QUERY_ROWS * row_tiles, FP8_BLOCK_N
     parts = rows * fp8_query_parts(dtype)  # staged query rows: the e4m3 parts
     query = parts * HEAD_DIM + (parts * ROPE_DIM if kv_format == "fp8" else rows * ROPE_DIM * 2)
-    scores = config.groups * rows * (n + 8) * 4  # S [16, 64 + 8 padding], float32, per warpgroup
+    scores = config.groups * rows * (n + 8) * 4  # S [rows, 64 + 8 padding], float32, per warpgroup
     barriers = config.stages * (8 + 4)  # an mbarrier and a count of issued uses per stage
     return TILE_ALIGN + config.stages * fp8_stage_bytes(kv_format) + query + scores + rows * 4 + barriers
 
 
-FP8_MERGE_BYTES = FP8_GROUP_THREADS * 68 * 4  # per warpgroup after the first: its O, maxima and sums
+FP8_MERGE_BYTES = FP8_GROUP_THREADS * 68 * 4  # per warpgroup after the first and row tile: its O, maxima, sums
 
 
-def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16) -> bool:
+def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torch.bfloat16, row_tiles: int = 1) -> bool:
     """Whether ``config.ctas_per_sm`` CTAs fit in an SM's shared memory (each also reserves 1 KB), and
     the warpgroups' merge fits in the ring."""
-    shared = config.ctas_per_sm * (fp8_shared_bytes(kv_format, config, dtype) + 1024) <= SHARED_PER_SM
-    merge = (config.groups - 1) * FP8_MERGE_BYTES <= config.stages * fp8_stage_bytes(kv_format)
+    shared = config.ctas_per_sm * (fp8_shared_bytes(kv_format, config, dtype, row_tiles) + 1024) <= SHARED_PER_SM
+    merge = (config.groups - 1) * FP8_MERGE_BYTES * row_tiles <= config.stages * fp8_stage_bytes(kv_format)
     return shared and merge
 
 
@@ -305,21 +312,40 @@ def combine_rows_per_cta(rows: int, batch: int, sms: int) -> int:
 
 
 @functools.cache
-def fp8_split_kernel(dtype: torch.dtype, kv_format: str, config: Fp8Config | None = None) -> CudaKernel:
+def fp8_split_kernel(
+    dtype: torch.dtype, kv_format: str, config: Fp8Config | None = None, row_tiles: int = 1
+) -> CudaKernel:
     """The fp8-cache split kernel for ``dtype`` queries and ``kv_format`` ("fp8" or "fp8_ds_mla"),
-    tiled by ``config`` (default: the format's)."""
+    tiled by ``config`` (default: the format's), with ``row_tiles`` tiles of 16 query rows per CTA."""
     config = FP8_CONFIGS[kv_format] if config is None else config
     ctype = C_TYPES[dtype]
     caches = ("const float*", "const unsigned char*", "const unsigned char*")  # tensor scale, rope, scales
     part = PARTIAL_C_TYPES[FP8_PARTIAL_DTYPE]
     pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", f"{part}*", "float*")
     template = (ctype, FP8_FORMATS[kv_format], config.stages, config.groups, config.ctas_per_sm, config.chunk)
+    template += (row_tiles,)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
+def fp8_kernel_max_rows(kv_format: str) -> int:
+    """The most query rows the fp8 kernel serves for ``kv_format``: two row tiles of a per-tensor cache
+    (FP8_TWO_TILES), else one."""
+    return 2 * FP8_MAX_QUERY_ROWS if FP8_TWO_TILES and kv_format == "fp8" else FP8_MAX_QUERY_ROWS
+
+
+def fp8_row_tiles(call: MLADecodeCall) -> int | None:
+    """Row tiles of the fp8 kernel for ``call``: 1 up to 16 query rows, 2 for 17-32 rows of a per-tensor
+    fp8 cache (FP8_TWO_TILES), else None (the wgmma kernel's fp8 variant, or no cutlass kernel)."""
+    if call.query_rows > fp8_kernel_max_rows(call.kv_format):
+        return None
+    return 1 if call.query_rows <= FP8_MAX_QUERY_ROWS else 2
+
+
 def fp8_config(call: MLADecodeCall) -> Fp8Config:
-    """The 16-row fp8 kernel's config for ``call``: FP8_FEW_BLOCKS_CONFIGS where the call has at most
-    FP8_FEW_BLOCKS_PER_SM blocks per SM, else FP8_CONFIGS."""
+    """The fp8 kernel's config for ``call``: FP8_TWO_TILE_CONFIG for two row tiles; else
+    FP8_FEW_BLOCKS_CONFIGS where the call has at most FP8_FEW_BLOCKS_PER_SM blocks per SM, else FP8_CONFIGS."""
+    if fp8_row_tiles(call) == 2:
+        return FP8_TWO_TILE_CONFIG
     few = most_blocks(call, FP8_BLOCK_N) <= FP8_FEW_BLOCKS_PER_SM * multiprocessor_count(call.device)
     return (FP8_FEW_BLOCKS_CONFIGS if few else FP8_CONFIGS)[call.kv_format]
 
@@ -336,6 +362,7 @@ def all_kernels() -> list[CudaKernel]:
     kernels += [combine_kernel(d, p) for d in C_TYPES for p in PARTIAL_C_TYPES]
     configs = (FP8_CONFIGS, FP8_FEW_BLOCKS_CONFIGS)
     kernels += [fp8_split_kernel(d, f, c[f]) for c in configs for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
+    kernels += [fp8_split_kernel(d, "fp8", FP8_TWO_TILE_CONFIG, 2) for d in fp8_query_dtypes("fp8")]
     return kernels
 
 
@@ -401,7 +428,7 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
         names = ", ".join(str(d) for d in fp8_query_dtypes(fmt))
         return [f"cutlass's {fmt} kernel takes {names} queries, got {call.q.dtype}"]
     reasons = []
-    if call.query_rows > FP8_MAX_QUERY_ROWS:
+    if fp8_row_tiles(call) is None:
         reasons = _fp8_wide_reasons(call)
         if reasons:
             return reasons
@@ -418,16 +445,17 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
 
 
 def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
-    """Why the wgmma kernel's fp8 variant (more than 16 query rows) cannot run ``call``."""
+    """Why the wgmma kernel's fp8 variant (more rows than the fp8 kernel's) cannot run ``call``."""
     rows = f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
     if call.kv_format != "fp8":
-        return [f"cutlass's {call.kv_format} kernel serves at most {FP8_MAX_QUERY_ROWS} query rows per KV read {rows}"]
+        most = fp8_kernel_max_rows(call.kv_format)
+        return [f"cutlass's {call.kv_format} kernel serves at most {most} query rows per KV read {rows}"]
     if call.query_rows > MAX_QUERY_ROWS:
         return [f"cutlass's fp8 kernels serve at most {MAX_QUERY_ROWS} query rows per KV read {rows}"]
     if tma_box_rows(call) < FP8_WIDE_MIN_BOX_ROWS:
         where = f"pages of {call.page_size} tokens" if call.is_paged else f"{call.kv.shape[1]} token per row"
         return [
-            f"cutlass's fp8 kernel for more than {FP8_MAX_QUERY_ROWS} query rows reads the cache in boxes of "
+            f"cutlass's fp8 kernel for more than {fp8_kernel_max_rows('fp8')} query rows reads the cache in boxes of "
             f"{FP8_WIDE_MIN_BOX_ROWS} or more tokens (a 64-byte token alone is not 128-byte aligned in shared "
             f"memory), got {where}"
         ]
@@ -435,18 +463,19 @@ def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
 
 
 def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
-    """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache,
-    else the wgmma kernel (its fp8 variant for more rows of a per-tensor fp8 cache)."""
+    """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache (32
+    of a per-tensor one), else the wgmma kernel (its fp8 variant for more rows of a per-tensor cache)."""
     if call.kv_format not in FP8_FORMATS:
         return split_kernel(call.q.dtype, pair, merge=merges_row_halves(call))
-    if call.query_rows <= FP8_MAX_QUERY_ROWS:
-        return fp8_split_kernel(call.q.dtype, call.kv_format, fp8_config(call))
+    tiles = fp8_row_tiles(call)
+    if tiles is not None:
+        return fp8_split_kernel(call.q.dtype, call.kv_format, fp8_config(call), tiles)
     return split_kernel(call.q.dtype, pair, fp8=True)
 
 
 def partial_dtype(call: MLADecodeCall) -> torch.dtype:
-    """The dtype of ``call``'s partials: the 16-row fp8 kernel's (``FP8_PARTIAL_DTYPE``), else float32."""
-    if call.kv_format in FP8_FORMATS and call.query_rows <= FP8_MAX_QUERY_ROWS:
+    """The dtype of ``call``'s partials: the fp8 kernel's (``FP8_PARTIAL_DTYPE``), else float32."""
+    if call.kv_format in FP8_FORMATS and fp8_row_tiles(call) is not None:
         return FP8_PARTIAL_DTYPE
     return torch.float32
 
@@ -705,13 +734,15 @@ class CutlassDecodePlan:
 
 
 class CutlassFp8DecodePlan(CutlassDecodePlan):
-    """The plan of the fp8-cache kernel: one 16-row CTA per piece (one or more warpgroups), maps of
+    """The plan of the fp8-cache kernel: one CTA of one or two 16-row tiles per piece (one or more warpgroups), maps of
     the cache's values, rope and (fp8_ds_mla) scales."""
-
-    rows_per_cta = FP8_MAX_QUERY_ROWS
 
     def __init__(self, call: MLADecodeCall, config: Fp8Config | None = None) -> None:
         """``config`` other than ``fp8_config(call)``: benchmarks/sweep_cutlass_fp8.py."""
+        self.row_tiles = fp8_row_tiles(call)
+        if self.row_tiles is None:
+            raise ValueError(f"the fp8 kernel takes no {call.query_rows} query rows of a {call.kv_format} cache")
+        self.rows_per_cta = FP8_MAX_QUERY_ROWS * self.row_tiles
         self.config = fp8_config(call) if config is None else config
         c = self.config
         if not (c.stages >= 1 and 1 <= c.groups <= FP8_MAX_GROUPS and c.ctas_per_sm >= 1 and c.chunk >= 1):
@@ -720,7 +751,7 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
             )
         if not c.snap >= 0:
             raise ValueError(f"config's snap must be >= 0 (how much longer a piece may get), got {c.snap}")
-        if not fp8_config_fits(call.kv_format, self.config, call.q.dtype):
+        if not fp8_config_fits(call.kv_format, self.config, call.q.dtype, self.row_tiles):
             raise ValueError(f"{self.config} does not fit in an SM's shared memory")
         self.block_n, self.programs_per_sm = FP8_BLOCK_N, self.config.ctas_per_sm
         self.threads = FP8_GROUP_THREADS * self.config.groups
@@ -728,13 +759,13 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         super().__init__(call)
 
     def _split_kernel(self) -> CudaKernel:
-        return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.config)
+        return fp8_split_kernel(self.call.q.dtype, self.call.kv_format, self.config, self.row_tiles)
 
     def _snap(self) -> float:
         return self.config.snap
 
     def _shared_bytes(self) -> int:
-        return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype)
+        return fp8_shared_bytes(self.call.kv_format, self.config, self.call.q.dtype, self.row_tiles)
 
     def _segment_cost_tokens(self) -> int:
         return FP8_SEGMENT_COST_TOKENS
@@ -779,7 +810,7 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
 
 class CutlassFp8WideDecodePlan(CutlassDecodePlan):
-    """A per-tensor fp8 cache at 17-1024 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
+    """A per-tensor fp8 cache at 33-1024 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
     latent and rope in unswizzled 64-byte rows (the kernel widens them) and the scale read on the device."""
 
     threads = THREADS  # no producer warpgroup: each consumer issues its own refills
@@ -805,7 +836,7 @@ class CutlassFp8WideDecodePlan(CutlassDecodePlan):
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:
     """The cutlass backend's plan for ``call``."""
     if call.kv_format in FP8_FORMATS:
-        if call.query_rows > FP8_MAX_QUERY_ROWS:
+        if fp8_row_tiles(call) is None:
             return CutlassFp8WideDecodePlan(call)
         return CutlassFp8DecodePlan(call)
     return CutlassDecodePlan(call)

@@ -1,7 +1,8 @@
 // MLA decoding over a split schedule from an fp8 KV cache, CUDA C++ for sm_90a, for up to 16 query
-// rows per KV read: the memory-bound case (16 heads x 1 new token, or fewer heads x several new
-// tokens), where the 64-row wgmma kernel of mla_decoding_split_kv.cuh would waste three quarters of
-// its work and the cache bytes decide the time.
+// rows per KV read (kM = 1 row tile) or, per-tensor fp8 only, 32 (kM = 2: 16 heads x 2 new tokens, 32
+// heads): the memory-bound case, where the 64-row wgmma kernel of mla_decoding_split_kv.cuh would
+// waste most of its work and the cache bytes decide the time. With two row tiles each widened V
+// fragment feeds both tiles' mma, and the staged query, S and O double.
 //
 // Formats (kFormat): kPerTensor = float8_e4m3fn latent and rope, one float32 scale for the whole
 // cache; kDsMla = DeepSeek's 656-byte token: e4m3 latent, 4 float32 scales (one per 128 latent
@@ -26,8 +27,8 @@
 //           row's first ones); several warpgroups merge through it, so it is filled at each
 //           segment's start and drained at its end. V rows past the row's length are zeroed in
 //           shared memory (kDsMla: their scales too); the cache may hold NaN.
-//   scores  S^T [64 tokens, 16 rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
-//           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 x kParts): the query is staged per row, scaled by
+//   scores  S^T [64 tokens, 16 kM rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
+//           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 kM x kParts): the query is staged per row, scaled by
 //           a power of two, as kParts e4m3 parts whose sum is the query exactly (2 parts hold any
 //           bf16 value, 3 any fp16 value, within e4m3's exponent range: elements more than 2^9 below
 //           the row's largest lose low bits). The fp8 MMA accumulates with fewer bits than float32,
@@ -37,22 +38,22 @@
 //           slower, benchmarks/NOTES_cutlass.md, "Session 20").
 //           kDsMla: one accumulator per 128-column scale group, scaled per token, plus the bf16
 //           rope by bf16 wgmma (m64n16k16).
-//   group   S^T goes through shared memory [16, 64] (one per warpgroup); every warp of the group reads
-//           all of it as S [16, 64] and runs the same online softmax, so P stays in registers as the
-//           next mma's A fragments.
-//   warp w  O[16 rows, columns 128w .. 128w + 127] += P . V (w: warp of the group): mma.sync
-//           m16n8k16, 4 k-steps x 16 n-tiles. Two tokens' bytes are interleaved (prmt) and widened
+//   group   S^T goes through shared memory [16 kM, 64] (one per warpgroup); every warp of the group
+//           reads all of it as S [16 kM, 64] and runs the same online softmax, so P stays in registers
+//           as the next mma's A fragments.
+//   warp w  O[16 kM rows, columns 128w .. 128w + 127] += P . V (w: warp of the group): mma.sync
+//           m16n8k16, 4 k-steps x 16 n-tiles x kM row tiles. Two tokens' bytes are interleaved (prmt) and widened
 //           exactly to f16 (cvt e4m3x2 -> f16x2), so each register holds one column of two tokens
 //           (kDsMla: times their f16 scales of group w = warp w's columns); the n-tiles are permuted:
 //           n-tile j, column n of the mma <-> latent column 128w + 16n + j.
-//   O lives in registers (64 floats per thread), the running max and row sums too. Two group
+//   O lives in registers (64 kM floats per thread), the running max and row sums too. Two group
 //   barriers per block (S^T is written; the stage is free), none across groups.
 //
 // Memory traffic per CTA (L = tokens of its piece, R = batch rows it meets):
 //   reads  L * 576 B (kPerTensor) or L * 656 B (kDsMla) of KV, + 4 B of page id per box when
-//          paged, and R * 16 * 576 * 2 B of queries;
-//   writes per row met 16 * 512 * 2 B of fp16 partial + 64 B of lse (a whole row: the output in the
-//          query dtype, 16 * 512 * 2 B, + lse when asked).
+//          paged, and R * 16 kM * 576 * 2 B of queries;
+//   writes per row met 16 kM * 512 * 2 B of fp16 partial + 64 B of lse (a whole row: the output in the
+//          query dtype, 16 kM * 512 * 2 B, + lse when asked).
 //
 // Partials are fp16: each is a convex combination of the V values the mma read as fp16, so it
 // stays within their range (|x| <= 448 for kPerTensor, stored before the cache scale, which the
@@ -70,7 +71,7 @@ namespace tilegym_fp8 {
 
 inline constexpr int kD = 512;        // latent columns (K's first D, all of V)
 inline constexpr int kP = 64;         // rope columns
-inline constexpr int kRows = 16;      // query rows per CTA
+inline constexpr int kTileRows = 16;  // query rows per row tile (the mma.sync M); a CTA holds kM of them
 inline constexpr int kTokens = 64;    // KV tokens per block (the wgmma M)
 inline constexpr int kThreads = 128;  // one warpgroup
 inline constexpr int kPerTensor = 0, kDsMla = 1;
@@ -86,8 +87,9 @@ inline constexpr int kParts<__half> = 3;  // fp16: 11
 // Byte offsets of a block's stage and of the staged query. Swizzled K-major tiles as wgmma reads
 // them: 128-byte rows in 8-row atoms of 1 KB (128-byte swizzle), or 64-byte rows in atoms of 512 B
 // (64-byte swizzle, the fp8 rope).
-template <int kFormat, typename T>
+template <int kFormat, typename T, int kM = 1>
 struct Tiles {
+  static constexpr int kRows = kTileRows * kM;                            // query rows per CTA
   static constexpr int kRopeBytes = kFormat == kPerTensor ? kP : 2 * kP;  // per token
   static constexpr int kLat = 0;                                          // 4 atoms [64 tokens, 128 B]
   static constexpr int kRope = kTokens * kD;
@@ -97,7 +99,7 @@ struct Tiles {
   // Fewest tokens per TMA box of the rope / scales (their destination must be 128-byte aligned);
   // smaller boxes (pages of fewer tokens) copy each token's rows in 16-byte pieces instead.
   static constexpr int kRopeBoxMin = 128 / kRopeBytes, kScaleBoxMin = 128 / 16;
-  static constexpr int kN = 16 * kParts<T>;                               // rows of the staged query
+  static constexpr int kN = kRows * kParts<T>;                            // rows of the staged query
   static constexpr int kQLat = 0;                                         // 4 atoms [kN rows, 128 B]
   static constexpr int kQRope = kN * kD;  // kPerTensor: [kN, 64 B] e4m3; kDsMla: bf16 [16, 128 B]
   static constexpr int kQBytes = kQRope + (kFormat == kPerTensor ? kN * kP : kRows * 2 * kP);
@@ -185,6 +187,30 @@ __device__ __forceinline__ void wgmma_e4m3<48>(float (&d)[24], uint64_t a, uint6
       : TG_R8(0), TG_R8(8), TG_R8(16)
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
+// N = 64, 96: the staged query of a CTA of two row tiles (32 rows x 2 or 3 parts).
+template <>
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : TG_R8(0), TG_R8(8), TG_R8(16), TG_R8(24)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<96>(float (&d)[48], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+      : TG_R8(0), TG_R8(8), TG_R8(16), TG_R8(24), TG_R8(32), TG_R8(40)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
 // d [64, 16] (+)= A [64, 16] . B [16, 16]^T, bf16 x bf16 -> f32, both K-major.
 __device__ __forceinline__ void wgmma_bf16_n16(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
@@ -245,20 +271,21 @@ __device__ __forceinline__ void store16_columns(T16* dst, const float (&acc)[16]
   }
 }
 
-// Stage the query rows of one batch row: thread t takes row t / 8, 16-byte chunks (8 columns) 8 i + t % 8.
-// The row is scaled by a power of two that puts its largest magnitude in [2^7, 2^8) and split into
-// kParts e4m3 parts (part p = row 16 p + r of the staged tile); kDsMla's rope stays bf16. Returns
+// Stage query row `row` of one batch row (threads t of warpgroup 0 with t / 8 = row % 16 share it, each
+// taking 16-byte chunks (8 columns) 8 i + t % 8; kM row tiles take kM calls). The row is scaled by a
+// power of two that puts its largest magnitude in [2^7, 2^8) and split into kParts e4m3 parts (part p
+// = row kRows p + row of the staged tile); kDsMla's rope stays bf16. Returns
 // nothing; writes q_unscale[r] = 2^-shift. Every load goes to its own registers before the first use
 // (one 16-byte load per chunk when the rows are 16-byte aligned, else 2-byte ones): a loop reusing a
 // register serialises the loads, 36 global latencies a segment (13-20 us on the H200). Called by
 // warpgroup 0 (threads 0..127).
-template <int kFormat, typename T>
-__device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale, const T* q_row, const T* qpe_row,
-                                            bool live) {
-  using L = Tiles<kFormat, T>;
+template <int kFormat, typename T, int kM>
+__device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale, int row, const T* q_row,
+                                            const T* qpe_row, bool live) {
+  using L = Tiles<kFormat, T, kM>;
   constexpr int kCols = kFormat == kPerTensor ? kD + kP : kD;  // columns in e4m3 parts
   constexpr int kChunks = kCols / 64;                           // 8-column chunks per thread
-  const int row = threadIdx.x >> 3, sub = threadIdx.x & 7;
+  const int sub = threadIdx.x & 7;
   auto source = [&](int i) { const int c = 8 * (8 * i + sub); return c < kD ? q_row + c : qpe_row + (c - kD); };
   const bool aligned = ((reinterpret_cast<uintptr_t>(q_row) | reinterpret_cast<uintptr_t>(qpe_row)) & 15) == 0;
   uint4 raw[kChunks];
@@ -314,7 +341,7 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
         }
         words[w] = word;
       }
-      const int r = row + 16 * p;
+      const int r = row + L::kRows * p;
       const int off = c < kD ? L::kQLat + lat_offset(r, c >> 4, L::kN) : L::kQRope + swizzle64(r, (c - kD) >> 4);
       *reinterpret_cast<uint2*>(qs + off + (c & 15)) = make_uint2(words[0], words[1]);
     }
@@ -334,7 +361,7 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
 
 }  // namespace tilegym_fp8
 
-template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk>
+template <typename T, int kFormat, int kStages, int kGroups, int kCtasPerSm, int kChunk, int kM>
 __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_split_kernel(
     const T* __restrict__ q, const T* __restrict__ qpe, const float* __restrict__ tensor_scale,
     const unsigned char* __restrict__ rope_bytes, const unsigned char* __restrict__ scale_bytes,
@@ -348,17 +375,19 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     const __grid_constant__ CUtensorMap lat_map, const __grid_constant__ CUtensorMap rope_map,
     const __grid_constant__ CUtensorMap scale_map, int box_rows) {
   using namespace tilegym_fp8;
-  using L = Tiles<kFormat, T>;
+  using L = Tiles<kFormat, T, kM>;
+  constexpr int kRows = L::kRows;  // query rows per CTA: kM row tiles of 16
+  static_assert(kM == 1 || (kM == 2 && kFormat == kPerTensor), "two row tiles: per-tensor fp8 only");
   constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
-  constexpr int kMergeFloats = kThreads * 68;  // per extra warpgroup: O (64 floats a thread) + m, sums
+  constexpr int kMergeFloats = kThreads * 68 * kM;  // per extra warpgroup and row tile: O (64 floats) + m, sums
   static_assert(kGroups == 1 || (kGroups - 1) * kMergeFloats * 4 <= kStages * L::kStage, "merge fits in the ring");
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzle atoms need 1 KB alignment (the launch asks for 1 KB more than the tiles); the
   // offset keeps the pointer in the shared space (shared loads, not generic ones).
   unsigned char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
   unsigned char* qs = smem + kStages * L::kStage;                        // staged query
-  float* s_all = reinterpret_cast<float*>(qs + L::kQBytes);              // S [16, kSRow] per warpgroup
-  float* q_unscale = s_all + kGroups * kRows * kSRow;                    // [16]: 2^-shift per row
+  float* s_all = reinterpret_cast<float*>(qs + L::kQBytes);              // S [kRows, kSRow] per warpgroup
+  float* q_unscale = s_all + kGroups * kRows * kSRow;                    // [kRows]: 2^-shift per row
   uint64_t* full = reinterpret_cast<uint64_t*>(q_unscale + kRows);       // [kStages]: the stage landed
   int* issued = reinterpret_cast<int*>(full + kStages);                  // [kStages]: uses issued so far
 
@@ -479,37 +508,45 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       for (int i = 0; i < kStages && i < blocks; ++i) issue_piece_block(consumed + i);
     }
     if (wg == 0) {
-      const int row = tid >> 3;
-      const bool live = row < query_rows;
-      const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
-      stage_query<kFormat, T>(qs, q_unscale, q + b * q_sb + token * q_sq + head * q_sh,
-                              qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live);
-      // The next row's query -> L2 now, so that the next segment stages it from L2.
-      if (b < last_row && live) {
-        const int line = tid & 7;  // 128-byte lines: 8 of the latent row, the rope row's first
-        tilegym_cutlass::prefetch_l2(reinterpret_cast<const char*>(q + (b + 1) * q_sb + token * q_sq + head * q_sh) + 128 * line);
-        if (line == 0) tilegym_cutlass::prefetch_l2(qpe + (b + 1) * qpe_sb + token * qpe_sq + head * qpe_sh);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        const int row = kTileRows * mt + (tid >> 3);
+        const bool live = row < query_rows;
+        const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
+        stage_query<kFormat, T, kM>(qs, q_unscale, row, q + b * q_sb + token * q_sq + head * q_sh,
+                                    qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live);
+        // The next row's query -> L2 now, so that the next segment stages it from L2.
+        if (b < last_row && live) {
+          const int line = tid & 7;  // 128-byte lines: 8 of the latent row, the rope row's first
+          tilegym_cutlass::prefetch_l2(reinterpret_cast<const char*>(q + (b + 1) * q_sb + token * q_sq + head * q_sh) + 128 * line);
+          if (line == 0) tilegym_cutlass::prefetch_l2(qpe + (b + 1) * qpe_sb + token * qpe_sq + head * qpe_sh);
+        }
       }
     }
     fence_async_shared();  // the staged query -> visible to every warpgroup's wgmma
     __syncthreads();
 
-    float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows g, g + 8
-    float l[2] = {0.f, 0.f};              // this lane's share of their sums
-    int limit[2];
-    float row_scale[2];  // kPerTensor: score scale of rows g, g + 8 (kDsMla scales S^T per token instead)
+    // Per row tile mt: rows 16 mt + g and 16 mt + g + 8 of this thread ([mt][h]).
+    float m[kM][2], l[kM][2];  // running max (log2 units), this lane's share of the sums
+    int limit[kM][2];
+    float row_scale[kM][2];  // kPerTensor: score scale of the rows (kDsMla scales S^T per token instead)
     float col_unscale[4];  // kDsMla: q_unscale of the S^T columns this thread holds (rows 8 j + 2 quad + e)
+    float acc[kM][16][4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = g + 8 * h;
-      limit[h] = causal ? len - q_len + 1 + r / heads : len;
-      row_scale[h] = qk_scale_log2 * kv_scale * q_unscale[r];
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = kTileRows * mt + g + 8 * h;
+        m[mt][h] = -INFINITY;
+        l[mt][h] = 0.f;
+        limit[mt][h] = causal ? len - q_len + 1 + r / heads : len;
+        row_scale[mt][h] = qk_scale_log2 * kv_scale * q_unscale[r];
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) col_unscale[k] = q_unscale[8 * (k >> 1) + 2 * quad + (k & 1)];
-    float acc[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     // V of token 16 ks + 2 quad + (r & 1) + 8 (r >> 1), chunk g of atom w (tokens 8 apart are 1 KB
     // apart); the scales (+ 16 (token - 2 quad)).
     int v_base[2];
@@ -538,9 +575,9 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         group_sync(wg);
       }
 
-      // S^T [64 tokens, 16 rows] by wgmma. Thread holds tokens 16 warp + g + 8 i' and rows
-      // 8 j + 2 quad + e of each part: accumulator element 4 (j + 2 part) + 2 i' + e.
-      float st[2][4];  // [i'][2 j + e]
+      // S^T [64 tokens, kRows rows] by wgmma. Thread holds tokens 16 warp + g + 8 i' and rows
+      // 8 j + 2 quad + e of each part: accumulator element 4 (j + kRows / 8 part) + 2 i' + e.
+      float st[2][4 * kM];  // [i'][2 j + e]
       const uint32_t stage_addr = shared_address(stage);
       const TileDesc k_lat = desc128(stage_addr + L::kLat), q_lat = desc128(shared_address(qs) + L::kQLat);
       const TileDesc k_rope = kFormat == kPerTensor ? desc64(stage_addr + L::kRope) : desc128(stage_addr + L::kRope);
@@ -554,7 +591,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
 #pragma unroll
         for (int ii = 0; ii < 2; ++ii) {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) st[ii][k] = 0.f;
+          for (int k = 0; k < 4 * kM; ++k) st[ii][k] = 0.f;
         }
 #pragma unroll
         for (int c = 0; c <= kChunks; ++c) {
@@ -583,9 +620,11 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
 #pragma unroll
             for (int ii = 0; ii < 2; ++ii) {
 #pragma unroll
-              for (int k = 0; k < 4; ++k) {
+              for (int k = 0; k < 4 * kM; ++k) {
 #pragma unroll
-                for (int p = 0; p < kParts<T>; ++p) st[ii][k] += d[(c - 1) & 1][4 * ((k >> 1) + 2 * p) + 2 * ii + (k & 1)];
+                for (int p = 0; p < kParts<T>; ++p) {
+                  st[ii][k] += d[(c - 1) & 1][4 * ((k >> 1) + (kRows / 8) * p) + 2 * ii + (k & 1)];
+                }
               }
             }
           }
@@ -628,20 +667,23 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
 #pragma unroll
       for (int ii = 0; ii < 2; ++ii) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < 4 * kM; ++k) {
           s_x[(8 * (k >> 1) + 2 * quad + (k & 1)) * kSRow + 16 * warp + g + 8 * ii] = st[ii][k];
         }
       }
       group_sync(wg);  // S is complete
-      // sp[nt][k]: row g + 8 (k >> 1), token 8 nt + 2 quad + (k & 1) (the mma C layout).
-      float sp[kNt][4];
+      // sp[mt][nt][k]: row 16 mt + g + 8 (k >> 1), token 8 nt + 2 quad + (k & 1) (the mma C layout).
+      float sp[kM][kNt][4];
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
+      for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 v = *reinterpret_cast<const float2*>(s_x + (g + 8 * h) * kSRow + 8 * nt + 2 * quad);
-          sp[nt][2 * h] = v.x;
-          sp[nt][2 * h + 1] = v.y;
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float2 v = *reinterpret_cast<const float2*>(s_x + (kTileRows * mt + g + 8 * h) * kSRow + 8 * nt + 2 * quad);
+            sp[mt][nt][2 * h] = v.x;
+            sp[mt][nt][2 * h + 1] = v.y;
+          }
         }
       }
 
@@ -649,56 +691,63 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       // (quad shuffles: every warp has every token); the score scale (> 0) goes into exp2's FMA.
       if ((blk + 1) * kTokens > unmasked_end) {
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
+        for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int pos = blk * kTokens + 8 * nt + 2 * quad + (k & 1);
-            sp[nt][k] = pos < limit[k >> 1] ? sp[nt][k] : -INFINITY;
+          for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const int pos = blk * kTokens + 8 * nt + 2 * quad + (k & 1);
+              sp[mt][nt][k] = pos < limit[mt][k >> 1] ? sp[mt][nt][k] : -INFINITY;
+            }
           }
         }
       }
-      float bmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) bmax[k >> 1] = fmaxf(bmax[k >> 1], sp[nt][k]);
-      }
-      float m_safe[2], alpha[2], sf[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sf[h] = kFormat == kPerTensor ? row_scale[h] : qk_scale_log2;
-        bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 1));
-        bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 2));
-        const float m_new = fmaxf(m[h], bmax[h] * sf[h]);
-        m_safe[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no token yet: no inf - inf
-        alpha[h] = fast_exp2(m[h] - m_safe[h]);
-        m[h] = m_new;
-        l[h] *= alpha[h];
-      }
       // P = exp2(S - m) in f16 as A fragments: k-step ks takes n-tiles 2 ks (a0, a1) and 2 ks + 1 (a2, a3).
-      uint32_t pf[kKs][4];
+      uint32_t pf[kM][kKs][4];
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
+      for (int mt = 0; mt < kM; ++mt) {
+        float bmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) bmax[k >> 1] = fmaxf(bmax[k >> 1], sp[mt][nt][k]);
+        }
+        float m_safe[2], alpha[2], sf[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = fast_exp2(fmaf(sp[nt][2 * h], sf[h], -m_safe[h]));
-          const float p1 = fast_exp2(fmaf(sp[nt][2 * h + 1], sf[h], -m_safe[h]));
-          l[h] += p0 + p1;
-          __half2 pair = __floats2half2_rn(p0, p1);
-          pf[nt >> 1][2 * (nt & 1) + h] = *reinterpret_cast<uint32_t*>(&pair);
+          sf[h] = kFormat == kPerTensor ? row_scale[mt][h] : qk_scale_log2;
+          bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 1));
+          bmax[h] = fmaxf(bmax[h], __shfl_xor_sync(0xffffffff, bmax[h], 2));
+          const float m_new = fmaxf(m[mt][h], bmax[h] * sf[h]);
+          m_safe[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no token yet: no inf - inf
+          alpha[h] = fast_exp2(m[mt][h] - m_safe[h]);
+          m[mt][h] = m_new;
+          l[mt][h] *= alpha[h];
         }
-      }
-      if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the max moved for a row
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          acc[j][0] *= alpha[0];
-          acc[j][1] *= alpha[0];
-          acc[j][2] *= alpha[1];
-          acc[j][3] *= alpha[1];
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float p0 = fast_exp2(fmaf(sp[mt][nt][2 * h], sf[h], -m_safe[h]));
+            const float p1 = fast_exp2(fmaf(sp[mt][nt][2 * h + 1], sf[h], -m_safe[h]));
+            l[mt][h] += p0 + p1;
+            __half2 pair = __floats2half2_rn(p0, p1);
+            pf[mt][nt >> 1][2 * (nt & 1) + h] = *reinterpret_cast<uint32_t*>(&pair);
+          }
+        }
+        if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the max moved for a row
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            acc[mt][j][0] *= alpha[0];
+            acc[mt][j][1] *= alpha[0];
+            acc[mt][j][2] *= alpha[1];
+            acc[mt][j][3] *= alpha[1];
+          }
         }
       }
 
-      // O[:, 128 warp ..] += P . V: the lane reads tokens 16 ks + {2q, 2q + 1, 2q + 8, 2q + 9}.
+      // O[:, 128 warp ..] += P . V: the lane reads tokens 16 ks + {2q, 2q + 1, 2q + 8, 2q + 9}, widens
+      // them once and uses them for every row tile.
 #pragma unroll
       for (int ks = 0; ks < kKs; ++ks) {
         uint4 vw[4];
@@ -728,7 +777,8 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
                 b0 = mul_half2(b0, vs[0], vs[1]);
                 b1 = mul_half2(b1, vs[2], vs[3]);
               }
-              mma_f16(acc[4 * w4 + 2 * half + e], pf[ks], b0, b1);
+#pragma unroll
+              for (int mt = 0; mt < kM; ++mt) mma_f16(acc[mt][4 * w4 + 2 * half + e], pf[mt][ks], b0, b1);
             }
           }
         }
@@ -739,78 +789,93 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     consumed += blocks;
 
     // Row sums: lane share -> quad (every warp of a group saw every token of its blocks).
-    float total[2];
+    float total[kM][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      total[h] = l[h] + __shfl_xor_sync(0xffffffff, l[h], 1);
-      total[h] += __shfl_xor_sync(0xffffffff, total[h], 2);
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        total[mt][h] = l[mt][h] + __shfl_xor_sync(0xffffffff, l[mt][h], 1);
+        total[mt][h] += __shfl_xor_sync(0xffffffff, total[mt][h], 2);
+      }
     }
     if constexpr (kGroups > 1) {
       // Warpgroups 1.. hand (O, m, sums) to warpgroup 0 through the ring (no copy is in flight: every
-      // block issued was consumed); thread t of each group holds the same rows and columns.
+      // block issued was consumed); thread t of each group holds the same rows and columns. Per row
+      // tile 17 float4 a thread: O, then (m, sums).
       float* merge = reinterpret_cast<float*>(smem);
       __syncthreads();
       if (wg > 0) {
         float4* mine = reinterpret_cast<float4*>(merge + (wg - 1) * kMergeFloats);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) mine[j * kThreads + wt] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-        mine[16 * kThreads + wt] = make_float4(m[0], m[1], total[0], total[1]);
+        for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            mine[(17 * mt + j) * kThreads + wt] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+          }
+          mine[(17 * mt + 16) * kThreads + wt] = make_float4(m[mt][0], m[mt][1], total[mt][0], total[mt][1]);
+        }
       }
       __syncthreads();
       if (wg > 0) continue;
 #pragma unroll 1
       for (int w = 1; w < kGroups; ++w) {
         const float4* other = reinterpret_cast<const float4*>(merge + (w - 1) * kMergeFloats);
-        const float4 state = other[16 * kThreads + wt];
-        const float m_other[2] = {state.x, state.y}, total_other[2] = {state.z, state.w};
-        float mine_scale[2], other_scale[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float m_new = fmaxf(m[h], m_other[h]);
-          const float safe = m_new == -INFINITY ? 0.f : m_new;  // neither group saw a token: no inf - inf
-          mine_scale[h] = fast_exp2(m[h] - safe);
-          other_scale[h] = fast_exp2(m_other[h] - safe);
-          total[h] = total[h] * mine_scale[h] + total_other[h] * other_scale[h];
-          m[h] = m_new;
-        }
+        for (int mt = 0; mt < kM; ++mt) {
+          const float4 state = other[(17 * mt + 16) * kThreads + wt];
+          const float m_other[2] = {state.x, state.y}, total_other[2] = {state.z, state.w};
+          float mine_scale[2], other_scale[2];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float4 v = other[j * kThreads + wt];
-          acc[j][0] = acc[j][0] * mine_scale[0] + v.x * other_scale[0];
-          acc[j][1] = acc[j][1] * mine_scale[0] + v.y * other_scale[0];
-          acc[j][2] = acc[j][2] * mine_scale[1] + v.z * other_scale[1];
-          acc[j][3] = acc[j][3] * mine_scale[1] + v.w * other_scale[1];
+          for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(m[mt][h], m_other[h]);
+            const float safe = m_new == -INFINITY ? 0.f : m_new;  // neither group saw a token: no inf - inf
+            mine_scale[h] = fast_exp2(m[mt][h] - safe);
+            other_scale[h] = fast_exp2(m_other[h] - safe);
+            total[mt][h] = total[mt][h] * mine_scale[h] + total_other[h] * other_scale[h];
+            m[mt][h] = m_new;
+          }
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const float4 v = other[(17 * mt + j) * kThreads + wt];
+            acc[mt][j][0] = acc[mt][j][0] * mine_scale[0] + v.x * other_scale[0];
+            acc[mt][j][1] = acc[mt][j][1] * mine_scale[0] + v.y * other_scale[0];
+            acc[mt][j][2] = acc[mt][j][2] * mine_scale[1] + v.z * other_scale[1];
+            acc[mt][j][3] = acc[mt][j][3] * mine_scale[1] + v.w * other_scale[1];
+          }
         }
       }
-    }
-    float inv[2], lse[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool empty = total[h] == 0.f;  // no token seen: zeros, lse -inf; NaN data gives NaN
-      inv[h] = empty ? 0.f : 1.f / total[h];
-      lse[h] = empty ? -INFINITY : (m[h] + log2f(total[h])) * kLn2;
     }
     // The output carries kPerTensor's cache scale; a partial does not (the combine applies it).
     const float out_factor = kFormat == kPerTensor ? kv_scale : 1.f;
-    // acc[j][2 h + e] is row g + 8 h, column 128 warp + 16 (2 quad + e) + j: 16 consecutive columns.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = g + 8 * h;
-      if (r >= query_rows) continue;
+    for (int mt = 0; mt < kM; ++mt) {
+      float inv[2], lse[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 128 * warp + 16 * (2 * quad + e);
-        if (whole) {
-          store16_columns(out + ((long long)b * query_rows + r) * kD + col, acc, 2 * h + e, inv[h] * out_factor);
-        } else {
-          store16_columns(part_out + (slot * query_rows + r) * kD + col, acc, 2 * h + e, inv[h]);
-        }
+      for (int h = 0; h < 2; ++h) {
+        const bool empty = total[mt][h] == 0.f;  // no token seen: zeros, lse -inf; NaN data gives NaN
+        inv[h] = empty ? 0.f : 1.f / total[mt][h];
+        lse[h] = empty ? -INFINITY : (m[mt][h] + log2f(total[mt][h])) * kLn2;
       }
-      if (warp == 0 && quad == 0) {
-        if (whole) {
-          if (write_lse) out_lse[(long long)b * query_rows + r] = lse[h];
-        } else {
-          part_lse[slot * query_rows + r] = lse[h];
+      // acc[mt][j][2 h + e] is row 16 mt + g + 8 h, column 128 warp + 16 (2 quad + e) + j: 16 consecutive columns.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = kTileRows * mt + g + 8 * h;
+        if (r >= query_rows) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 128 * warp + 16 * (2 * quad + e);
+          if (whole) {
+            store16_columns(out + ((long long)b * query_rows + r) * kD + col, acc[mt], 2 * h + e, inv[h] * out_factor);
+          } else {
+            store16_columns(part_out + (slot * query_rows + r) * kD + col, acc[mt], 2 * h + e, inv[h]);
+          }
+        }
+        if (warp == 0 && quad == 0) {
+          if (whole) {
+            if (write_lse) out_lse[(long long)b * query_rows + r] = lse[h];
+          } else {
+            part_lse[slot * query_rows + r] = lse[h];
+          }
         }
       }
     }
