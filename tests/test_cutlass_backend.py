@@ -120,6 +120,7 @@ def test_every_variant_is_listed_for_precompile() -> None:
     two = cutlass_mla.FP8_TWO_TILE_CONFIG
     two_tiles = f"{two.stages}, {two.groups}, {two.ctas_per_sm}, {two.chunk}, 2"
     fp8 += [f"{cutlass_mla.FP8_KERNEL}<{c}, 0, {two_tiles}>" for c in ("__half", "__nv_bfloat16")]  # per-tensor
+    fp8.append(f"{cutlass_mla.FP8_KERNEL}<__nv_bfloat16, 1, {two_tiles}>")  # fp8_ds_mla
     assert names == sorted(
         [
             *(

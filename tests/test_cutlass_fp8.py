@@ -43,15 +43,18 @@ def fp8_call(heads: int, q_len: int = 1, *, kv_dtype=FP8, dtype=torch.bfloat16):
     return validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
 
 
-def test_more_than_16_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only() -> None:
+def test_more_than_32_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only() -> None:
     assert cutlass_mla.supports(fp8_call(16, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
     assert cutlass_mla.supports(fp8_call(128, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
     reasons = cutlass_mla.supports(fp8_call(160, q_len=8))
     assert len(reasons) == 1 and "at most 1024 query rows" in reasons[0] and "8 x 160 = 1280" in reasons[0], reasons
-    x = make_mla_inputs(2, 32, 64)
-    call = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
-    reasons = cutlass_mla.supports(call)
-    assert len(reasons) == 1 and "fp8_ds_mla kernel serves at most 16 query rows" in reasons[0], reasons
+    for heads, served in ((32, True), (48, False)):
+        x = make_mla_inputs(2, heads, 64)
+        reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs()))
+        if served:
+            assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
+        else:
+            assert len(reasons) == 1 and "fp8_ds_mla kernel serves at most 32 query rows" in reasons[0], reasons
 
 
 def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
@@ -163,9 +166,10 @@ def test_a_config_without_warpgroups_or_stages_is_refused_with_a_reason() -> Non
 # ----------------------------------------------------------------------------------------- GPU parity
 
 
-def test_two_row_tiles_take_17_to_32_rows_of_a_per_tensor_cache(monkeypatch) -> None:
-    """FP8_TWO_TILES routes 17-32 query rows of a per-tensor fp8 cache to the fp8 kernel with two row
-    tiles (its own config); off, they go to the wgmma kernel's fp8 variant; fp8_ds_mla stays at 16."""
+def test_two_row_tiles_take_17_to_32_query_rows(monkeypatch) -> None:
+    """FP8_TWO_TILES routes 17-32 query rows of an fp8 cache to the fp8 kernel with two row tiles (its
+    own config); off, a per-tensor cache's go to the wgmma kernel's fp8 variant, and fp8_ds_mla stops
+    at 16."""
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)
     assert cutlass_mla.fp8_row_tiles(fp8_call(16, q_len=2)) is None
     assert cutlass_mla._split_kernel_of(fp8_call(16, q_len=2)).instance_name.endswith(", 1, 1, 0>")  # kFp8 variant
@@ -176,10 +180,13 @@ def test_two_row_tiles_take_17_to_32_rows_of_a_per_tensor_cache(monkeypatch) -> 
     assert cutlass_mla.fp8_config(fp8_call(32)) == cutlass_mla.FP8_TWO_TILE_CONFIG
     kernel = cutlass_mla._split_kernel_of(fp8_call(32))
     assert kernel.instance_name.startswith(f"{cutlass_mla.FP8_KERNEL}<") and kernel.instance_name.endswith(", 2>")
+    assert kernel in cutlass_mla.all_kernels()
     x = make_mla_inputs(2, 32, 64)
     ds_mla = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
+    assert cutlass_mla.fp8_row_tiles(ds_mla) == 2
+    assert cutlass_mla._split_kernel_of(ds_mla) in cutlass_mla.all_kernels()
+    monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)
     assert cutlass_mla.fp8_row_tiles(ds_mla) is None
-    assert kernel in cutlass_mla.all_kernels()
 
 
 def test_two_row_tiles_double_the_staged_query_and_scores() -> None:
@@ -292,40 +299,52 @@ def test_fp8_caches_match_float64(
     assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
 
 
-# Two row tiles (FP8_TWO_TILES): (layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, split)
+# Two row tiles (FP8_TWO_TILES): (format, layout, page_size, batch, heads, q_len, seq_len, query dtype,
+# causal, split)
 TWO_TILE_CASES = [
-    ("dense", 0, 12, 16, 2, 3000, torch.bfloat16, True, None),  # MTP: 32 rows
-    ("dense", 0, 6, 24, 1, 1000, torch.float16, True, 256),  # 24 rows: a half-empty second tile, splits
-    ("paged", 64, 8, 32, 1, 2500, torch.bfloat16, True, None),
-    ("paged", 1, 5, 16, 2, 700, torch.bfloat16, False, None),
-    ("ragged", 16, 6, 8, 4, 900, torch.bfloat16, True, 320),
+    ("fp8", "dense", 0, 12, 16, 2, 3000, torch.bfloat16, True, None),  # MTP: 32 rows
+    ("fp8", "dense", 0, 6, 24, 1, 1000, torch.float16, True, 256),  # 24 rows: a half-empty second tile, splits
+    ("fp8", "paged", 64, 8, 32, 1, 2500, torch.bfloat16, True, None),
+    ("fp8", "paged", 1, 5, 16, 2, 700, torch.bfloat16, False, None),
+    ("fp8", "ragged", 16, 6, 8, 4, 900, torch.bfloat16, True, 320),
+    ("fp8_ds_mla", "dense", 0, 12, 16, 2, 3000, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "dense", 0, 6, 24, 1, 1000, torch.bfloat16, True, 256),
+    ("fp8_ds_mla", "paged", 64, 8, 32, 1, 2500, torch.bfloat16, True, None),
+    ("fp8_ds_mla", "paged", 1, 5, 16, 2, 700, torch.bfloat16, False, None),
+    ("fp8_ds_mla", "ragged", 16, 6, 8, 4, 900, torch.bfloat16, True, 320),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"), TWO_TILE_CASES, ids=str
+    ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
+    TWO_TILE_CASES,
+    ids=str,
 )
 def test_two_row_tiles_match_float64(
-    layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, monkeypatch
+    fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, monkeypatch
 ) -> None:
     require_cutlass()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", True)
     generator, seed = fresh_generator()
     lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
     lens[:3] = [0, 1, seq_len]
+    kv_dtype = FP8 if fmt == "fp8" else None
     x = make_mla_inputs(
-        batch, heads, seq_len, dtype=dtype, kv_dtype=FP8, kv_lens=lens, q_len=q_len, device="cuda", generator=generator
-    )
-    kwargs, _ = cache_kwargs(x, "fp8", layout, page_size, generator=generator)
+        batch, heads, seq_len, dtype=dtype, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda",
+        generator=generator,
+    )  # fmt: skip
+    kwargs, cache = cache_kwargs(x, fmt, layout, page_size, generator=generator)
     plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, **kwargs))
     assert isinstance(plan, cutlass_mla.CutlassFp8DecodePlan) and plan.row_tiles == 2
     out, lse = mla_decoding_split_kv(
         x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
     )
     torch.cuda.synchronize()
-    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, causal=causal)
-    check(out, lse, expected, "fp8", dtype, seed)
+    latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
+    scale = x.kv_scale if fmt == "fp8" else None
+    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale, causal=causal)
+    check(out, lse, expected, fmt, dtype, seed)
     empty = (x.kv_lens <= 0).cpu()
     assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
 

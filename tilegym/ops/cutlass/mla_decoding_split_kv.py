@@ -10,7 +10,7 @@ Two stage-1 kernels:
     fp16 in shared memory, the query staged as fp16);
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
     a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
-    rows, and a per-tensor cache at 17-32 rows with two row tiles, where decoding is bound by the cache
+    rows, and at 17-32 rows with two row tiles, where decoding is bound by the cache
     bytes; CTAs of one or more 128-thread warpgroups taking alternate blocks; the plan encodes TMA
     maps of the cache's values, rope and scales.
 Stage 2 (``mla_decoding_combine.cuh``, plain CUDA) merges the rows split over several segments and
@@ -106,10 +106,11 @@ FP8_KERNEL = "mla_decode_fp8_split_kernel"
 FP8_FORMATS = {"fp8": 0, FP8_DS_MLA: 1}  # the kernel's kFormat
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX_QUERY_ROWS = 16  # query rows of one row tile of the fp8 kernel (the N of the scores' wgmma, per part)
-# Two row tiles per CTA (17-32 query rows of a per-tensor fp8 cache: 16 heads x 2 new tokens, or 32
-# heads): each V fragment is widened once for both tiles' mma. Two tiles double the staged query and S,
-# so two CTAs per SM no longer fit: two warpgroups share one CTA's four stages. H100, 64 x 4096 x 16
-# with Q = 2: 95.6 us in the wgmma kernel's fp8 variant, 75.8 with two tiles (False: that variant).
+# Two row tiles per CTA (17-32 query rows of an fp8 cache: 16 heads x 2 new tokens, or 32 heads): each V
+# fragment is widened once for both tiles' mma. Two tiles double the staged query and S, so two CTAs per
+# SM no longer fit: two warpgroups share one CTA's four stages. H100, 64 x 4096 x 16 with Q = 2, per-tensor
+# fp8: 95.6 us in the wgmma kernel's fp8 variant, 75.8 with two tiles. False: per-tensor fp8 goes to that
+# variant, fp8_ds_mla stops at 16 rows.
 FP8_TWO_TILES = True
 # More fp8 query rows go to the wgmma kernel's kFp8 variant, which TMA-loads fp8 tokens of 64 bytes: a
 # box must start on a 128-byte boundary in shared memory, so boxes hold at least two tokens.
@@ -328,14 +329,13 @@ def fp8_split_kernel(
 
 
 def fp8_kernel_max_rows(kv_format: str) -> int:
-    """The most query rows the fp8 kernel serves for ``kv_format``: two row tiles of a per-tensor cache
-    (FP8_TWO_TILES), else one."""
-    return 2 * FP8_MAX_QUERY_ROWS if FP8_TWO_TILES and kv_format == "fp8" else FP8_MAX_QUERY_ROWS
+    """The most query rows the fp8 kernel serves for ``kv_format``: two row tiles (FP8_TWO_TILES), else one."""
+    return 2 * FP8_MAX_QUERY_ROWS if FP8_TWO_TILES and kv_format in FP8_FORMATS else FP8_MAX_QUERY_ROWS
 
 
 def fp8_row_tiles(call: MLADecodeCall) -> int | None:
-    """Row tiles of the fp8 kernel for ``call``: 1 up to 16 query rows, 2 for 17-32 rows of a per-tensor
-    fp8 cache (FP8_TWO_TILES), else None (the wgmma kernel's fp8 variant, or no cutlass kernel)."""
+    """Row tiles of the fp8 kernel for ``call``: 1 up to 16 query rows, 2 for 17-32 rows (FP8_TWO_TILES),
+    else None (the wgmma kernel's fp8 variant, or no cutlass kernel)."""
     if call.query_rows > fp8_kernel_max_rows(call.kv_format):
         return None
     return 1 if call.query_rows <= FP8_MAX_QUERY_ROWS else 2
@@ -362,7 +362,7 @@ def all_kernels() -> list[CudaKernel]:
     kernels += [combine_kernel(d, p) for d in C_TYPES for p in PARTIAL_C_TYPES]
     configs = (FP8_CONFIGS, FP8_FEW_BLOCKS_CONFIGS)
     kernels += [fp8_split_kernel(d, f, c[f]) for c in configs for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
-    kernels += [fp8_split_kernel(d, "fp8", FP8_TWO_TILE_CONFIG, 2) for d in fp8_query_dtypes("fp8")]
+    kernels += [fp8_split_kernel(d, f, FP8_TWO_TILE_CONFIG, 2) for f in FP8_FORMATS for d in fp8_query_dtypes(f)]
     return kernels
 
 

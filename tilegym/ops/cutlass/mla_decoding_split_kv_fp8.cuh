@@ -1,6 +1,6 @@
 // MLA decoding over a split schedule from an fp8 KV cache, CUDA C++ for sm_90a, for up to 16 query
-// rows per KV read (kM = 1 row tile) or, per-tensor fp8 only, 32 (kM = 2: 16 heads x 2 new tokens, 32
-// heads): the memory-bound case, where the 64-row wgmma kernel of mla_decoding_split_kv.cuh would
+// rows per KV read (kM = 1 row tile) or 32 (kM = 2: 16 heads x 2 new tokens, 32 heads): the
+// memory-bound case, where the 64-row wgmma kernel of mla_decoding_split_kv.cuh would
 // waste most of its work and the cache bytes decide the time. With two row tiles each widened V
 // fragment feeds both tiles' mma, and the staged query, S and O double.
 //
@@ -37,7 +37,8 @@
 //           (the backend declares fp8_mma_scores; kChunk = 1 still misses 1e-3 at lse ~50 and runs 4-9%
 //           slower, benchmarks/NOTES_cutlass.md, "Session 20").
 //           kDsMla: one accumulator per 128-column scale group, scaled per token, plus the bf16
-//           rope by bf16 wgmma (m64n16k16).
+//           rope by bf16 wgmma (m64n16k16; kM = 2: m64n32k16, and the groups two in flight, folded
+//           as they finish, since four [64, 64] accumulators would not fit beside O).
 //   group   S^T goes through shared memory [16 kM, 64] (one per warpgroup); every warp of the group
 //           reads all of it as S [16 kM, 64] and runs the same online softmax, so P stays in registers
 //           as the next mma's A fragments.
@@ -219,6 +220,15 @@ __device__ __forceinline__ void wgmma_bf16_n16(float (&d)[8], uint64_t a, uint64
       : TG_R8(0)
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
+// d [64, 32] (+)= A [64, 16] . B [32, 16]^T, bf16 x bf16 -> f32, both K-major (two row tiles' rope).
+__device__ __forceinline__ void wgmma_bf16_n32(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : TG_R8(0), TG_R8(8)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
 #undef TG_R8
 
 // ---- mma.sync and conversions -------------------------------------------------------------------
@@ -377,7 +387,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   using namespace tilegym_fp8;
   using L = Tiles<kFormat, T, kM>;
   constexpr int kRows = L::kRows;  // query rows per CTA: kM row tiles of 16
-  static_assert(kM == 1 || (kM == 2 && kFormat == kPerTensor), "two row tiles: per-tensor fp8 only");
+  static_assert(kM == 1 || kM == 2, "one or two row tiles of 16 query rows");
   constexpr int kNt = kTokens / 8, kKs = kTokens / 16;
   constexpr int kMergeFloats = kThreads * 68 * kM;  // per extra warpgroup and row tile: O (64 floats) + m, sums
   static_assert(kGroups == 1 || (kGroups - 1) * kMergeFloats * 4 <= kStages * L::kStage, "merge fits in the ring");
@@ -530,7 +540,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     float m[kM][2], l[kM][2];  // running max (log2 units), this lane's share of the sums
     int limit[kM][2];
     float row_scale[kM][2];  // kPerTensor: score scale of the rows (kDsMla scales S^T per token instead)
-    float col_unscale[4];  // kDsMla: q_unscale of the S^T columns this thread holds (rows 8 j + 2 quad + e)
+    float col_unscale[4 * kM];  // kDsMla: q_unscale of the S^T columns this thread holds (rows 8 j + 2 quad + e)
     float acc[kM][16][4];
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
@@ -546,7 +556,7 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
       for (int j = 0; j < 16; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) col_unscale[k] = q_unscale[8 * (k >> 1) + 2 * quad + (k & 1)];
+    for (int k = 0; k < 4 * kM; ++k) col_unscale[k] = q_unscale[8 * (k >> 1) + 2 * quad + (k & 1)];
     // V of token 16 ks + 2 quad + (r & 1) + 8 (r >> 1), chunk g of atom w (tokens 8 apart are 1 KB
     // apart); the scales (+ 16 (token - 2 quad)).
     int v_base[2];
@@ -628,6 +638,54 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
               }
             }
           }
+        }
+      } else if constexpr (kM == 2) {
+        // Scale group c's four k-steps into d[c & 1] (two in flight), the rope's beside the last;
+        // each group is folded as it finishes: st += its tokens' scale x (part 0 + part 1).
+        float d[2][32], dr[16], scs[2][4];
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          const float4 sc = *reinterpret_cast<const float4*>(stage + L::kScale + 16 * (16 * warp + g + 8 * ii));
+          scs[ii][0] = sc.x, scs[ii][1] = sc.y, scs[ii][2] = sc.z, scs[ii][3] = sc.w;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) st[ii][k] = 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c <= 4; ++c) {
+          if (c < 4) {
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              wgmma_e4m3<64>(d[c & 1], k_lat.at(c * 128 * kTokens + 32 * k), q_lat.at(c * 128 * L::kN + 32 * k), k > 0);
+            }
+            if (c == 3) {
+#pragma unroll
+              for (int k = 0; k < 4; ++k) wgmma_bf16_n32(dr, k_rope.at(32 * k), q_rope.at(32 * k), k > 0);
+            }
+            wgmma_commit();
+          }
+          if (c > 0) {
+            if (c < 4) {
+              wgmma_wait<1>();
+            } else {
+              wgmma_wait<0>();
+            }
+            fence_regs(d[(c - 1) & 1]);
+#pragma unroll
+            for (int ii = 0; ii < 2; ++ii) {
+#pragma unroll
+              for (int k = 0; k < 8; ++k) {
+                const int e = 4 * (k >> 1) + 2 * ii + (k & 1);
+                st[ii][k] = fmaf(scs[ii][c - 1], d[(c - 1) & 1][e] + d[(c - 1) & 1][e + 16], st[ii][k]);
+              }
+            }
+          }
+        }
+        fence_regs(dr);
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) st[ii][k] = fmaf(st[ii][k], col_unscale[k], dr[4 * (k >> 1) + 2 * ii + (k & 1)]);
         }
       } else {
         float d[4][16];  // per scale group
