@@ -48,13 +48,16 @@ def test_more_than_32_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only(
     assert cutlass_mla.supports(fp8_call(128, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
     reasons = cutlass_mla.supports(fp8_call(160, q_len=8))
     assert len(reasons) == 1 and "at most 1024 query rows" in reasons[0] and "8 x 160 = 1280" in reasons[0], reasons
-    for heads, served in ((32, True), (48, False)):
-        x = make_mla_inputs(2, heads, 64)
-        reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs()))
-        if served:
+    for two_tiles, heads, most in ((False, 32, 16), (True, 32, None), (True, 48, 32)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", two_tiles)
+            x = make_mla_inputs(2, heads, 64)
+            call = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
+            reasons = cutlass_mla.supports(call)
+        if most is None:
             assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
         else:
-            assert len(reasons) == 1 and "fp8_ds_mla kernel serves at most 32 query rows" in reasons[0], reasons
+            assert len(reasons) == 1 and f"fp8_ds_mla kernel serves at most {most} query rows" in reasons[0], reasons
 
 
 def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
@@ -167,9 +170,9 @@ def test_a_config_without_warpgroups_or_stages_is_refused_with_a_reason() -> Non
 
 
 def test_two_row_tiles_take_17_to_32_query_rows(monkeypatch) -> None:
-    """FP8_TWO_TILES routes 17-32 query rows of an fp8 cache to the fp8 kernel with two row tiles (its
-    own config); off, a per-tensor cache's go to the wgmma kernel's fp8 variant, and fp8_ds_mla stops
-    at 16."""
+    """FP8_TWO_TILES routes 17-32 query rows of an fp8 cache (fp8_ds_mla: with FP8_DS_MLA_TWO_TILES) to
+    the fp8 kernel with two row tiles (its own config); off, a per-tensor cache's go to the wgmma
+    kernel's fp8 variant, and fp8_ds_mla stops at 16."""
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)
     assert cutlass_mla.fp8_row_tiles(fp8_call(16, q_len=2)) is None
     assert cutlass_mla._split_kernel_of(fp8_call(16, q_len=2)).instance_name.endswith(", 1, 1, 0>")  # kFp8 variant
@@ -183,6 +186,8 @@ def test_two_row_tiles_take_17_to_32_query_rows(monkeypatch) -> None:
     assert kernel in cutlass_mla.all_kernels()
     x = make_mla_inputs(2, 32, 64)
     ds_mla = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
+    assert cutlass_mla.fp8_row_tiles(ds_mla) is None  # FP8_DS_MLA_TWO_TILES off
+    monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", True)
     assert cutlass_mla.fp8_row_tiles(ds_mla) == 2
     assert cutlass_mla._split_kernel_of(ds_mla) in cutlass_mla.all_kernels()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)
@@ -326,6 +331,7 @@ def test_two_row_tiles_match_float64(
 ) -> None:
     require_cutlass()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", True)
+    monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", True)
     generator, seed = fresh_generator()
     lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
     lens[:3] = [0, 1, seq_len]

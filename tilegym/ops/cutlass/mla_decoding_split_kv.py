@@ -112,6 +112,9 @@ FP8_MAX_QUERY_ROWS = 16  # query rows of one row tile of the fp8 kernel (the N o
 # fp8: 95.6 us in the wgmma kernel's fp8 variant, 75.8 with two tiles. False: per-tensor fp8 goes to that
 # variant, fp8_ds_mla stops at 16 rows.
 FP8_TWO_TILES = True
+# fp8_ds_mla's two row tiles (its scale groups two in flight): built and CPU-checked, off until a GPU has
+# run their tests (benchmarks/results/session41/call4.sh); off, cutlass refuses 17-32 fp8_ds_mla rows.
+FP8_DS_MLA_TWO_TILES = False
 # More fp8 query rows go to the wgmma kernel's kFp8 variant, which TMA-loads fp8 tokens of 64 bytes: a
 # box must start on a 128-byte boundary in shared memory, so boxes hold at least two tokens.
 FP8_WIDE_MIN_BOX_ROWS = 2
@@ -329,8 +332,10 @@ def fp8_split_kernel(
 
 
 def fp8_kernel_max_rows(kv_format: str) -> int:
-    """The most query rows the fp8 kernel serves for ``kv_format``: two row tiles (FP8_TWO_TILES), else one."""
-    return 2 * FP8_MAX_QUERY_ROWS if FP8_TWO_TILES and kv_format in FP8_FORMATS else FP8_MAX_QUERY_ROWS
+    """The most query rows the fp8 kernel serves for ``kv_format``: two row tiles (FP8_TWO_TILES, and for
+    fp8_ds_mla FP8_DS_MLA_TWO_TILES), else one."""
+    two = FP8_TWO_TILES and (kv_format == "fp8" or (kv_format == FP8_DS_MLA and FP8_DS_MLA_TWO_TILES))
+    return 2 * FP8_MAX_QUERY_ROWS if two else FP8_MAX_QUERY_ROWS
 
 
 def fp8_row_tiles(call: MLADecodeCall) -> int | None:
