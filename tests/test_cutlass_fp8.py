@@ -219,6 +219,35 @@ def check(out, lse, expected, fmt: str, dtype: torch.dtype, seed) -> None:
     assert_matches_float64(out, lse, *expected, rel_tol=rel_tol, lse_atol=lse_atol, lse_rtol=lse_rel, seed=seed)
 
 
+def run_case_against_float64(
+    fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, plan_is=None
+) -> None:
+    """One GPU case: fresh random inputs with an empty, a one-token and a full row, the cutlass call against
+    float64, zeros for the empty row; ``plan_is(plan)`` first checks which kernel the call takes."""
+    generator, seed = fresh_generator()
+    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
+    lens[:3] = [0, 1, seq_len]  # an empty row, a one-token row, a full row; the rest mixed
+    kv_dtype = FP8 if fmt == "fp8" else None
+    x = make_mla_inputs(
+        batch, heads, seq_len, dtype=dtype, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda",
+        generator=generator,
+    )  # fmt: skip
+    kwargs, cache = cache_kwargs(x, fmt, layout, page_size, generator=generator)
+    if plan_is is not None:
+        plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, **kwargs))
+        assert plan_is(plan), f"{layout} {batch} x {seq_len} x {heads} x {q_len}: {type(plan).__name__}"
+    out, lse = mla_decoding_split_kv(
+        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
+    )
+    torch.cuda.synchronize()
+    latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
+    scale = x.kv_scale if fmt == "fp8" else None
+    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale, causal=causal)
+    check(out, lse, expected, fmt, dtype, seed)
+    empty = (x.kv_lens <= 0).cpu()
+    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+
+
 # (format, layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
 GPU_CASES = [
     ("fp8", "dense", 0, 12, 16, 1, 3000, torch.bfloat16, True, None),
@@ -283,25 +312,7 @@ def test_fp8_caches_match_float64(
     fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, fp8_config
 ) -> None:
     require_cutlass()
-    generator, seed = fresh_generator()
-    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
-    lens[:3] = [0, 1, seq_len]  # an empty row, a one-token row, a full row; the rest mixed
-    kv_dtype = FP8 if fmt == "fp8" else None
-    x = make_mla_inputs(
-        batch, heads, seq_len, dtype=dtype, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda",
-        generator=generator,
-    )  # fmt: skip
-    kwargs, cache = cache_kwargs(x, fmt, layout, page_size, generator=generator)
-    latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
-    out, lse = mla_decoding_split_kv(
-        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
-    )
-    torch.cuda.synchronize()
-    scale = x.kv_scale if fmt == "fp8" else None
-    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale, causal=causal)
-    check(out, lse, expected, fmt, dtype, seed)
-    empty = (x.kv_lens <= 0).cpu()
-    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+    run_case_against_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split)
 
 
 # Two row tiles (FP8_TWO_TILES): (format, layout, page_size, batch, heads, q_len, seq_len, query dtype,
@@ -320,6 +331,10 @@ TWO_TILE_CASES = [
 ]
 
 
+def has_two_tiles(plan) -> bool:
+    return isinstance(plan, cutlass_mla.CutlassFp8DecodePlan) and plan.row_tiles == 2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
@@ -332,27 +347,7 @@ def test_two_row_tiles_match_float64(
     require_cutlass()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", True)
     monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", True)
-    generator, seed = fresh_generator()
-    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
-    lens[:3] = [0, 1, seq_len]
-    kv_dtype = FP8 if fmt == "fp8" else None
-    x = make_mla_inputs(
-        batch, heads, seq_len, dtype=dtype, kv_dtype=kv_dtype, kv_lens=lens, q_len=q_len, device="cuda",
-        generator=generator,
-    )  # fmt: skip
-    kwargs, cache = cache_kwargs(x, fmt, layout, page_size, generator=generator)
-    plan = cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, **kwargs))
-    assert isinstance(plan, cutlass_mla.CutlassFp8DecodePlan) and plan.row_tiles == 2
-    out, lse = mla_decoding_split_kv(
-        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
-    )
-    torch.cuda.synchronize()
-    latent, rope = (x.kv, x.kpe) if cache is None else (cache.latent, cache.rope)
-    scale = x.kv_scale if fmt == "fp8" else None
-    expected = mla_decode_float64(x.q, x.qpe, latent, rope, kv_lens=x.kv_lens, kv_scale=scale, causal=causal)
-    check(out, lse, expected, fmt, dtype, seed)
-    empty = (x.kv_lens <= 0).cpu()
-    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+    run_case_against_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, has_two_tiles)
 
 
 @pytest.mark.gpu
@@ -470,6 +465,10 @@ WIDE_CASES = [
 ]
 
 
+def is_wide(plan) -> bool:
+    return isinstance(plan, cutlass_mla.CutlassFp8WideDecodePlan)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"), WIDE_CASES, ids=str
@@ -479,24 +478,7 @@ def test_fp8_at_many_query_rows_matches_float64(
 ) -> None:
     require_cutlass()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)  # 17-32 rows too: the variant is their fallback
-    generator, seed = fresh_generator()
-    lens = torch.randint(0, seq_len + 1, (batch,), generator=generator).tolist()
-    lens[:3] = [0, 1, seq_len]
-    x = make_mla_inputs(
-        batch, heads, seq_len, dtype=dtype, kv_dtype=FP8, kv_lens=lens, q_len=q_len, device="cuda", generator=generator
-    )
-    kwargs, _ = cache_kwargs(x, "fp8", layout, page_size, generator=generator)
-    assert isinstance(
-        cutlass_mla.plan(validate_mla_decoding(x.q, x.qpe, **kwargs)), cutlass_mla.CutlassFp8WideDecodePlan
-    )
-    out, lse = mla_decoding_split_kv(
-        x.q, x.qpe, causal=causal, return_lse=True, kv_len_per_split=split, backend=BACKEND, **kwargs
-    )
-    torch.cuda.synchronize()
-    expected = mla_decode_float64(x.q, x.qpe, x.kv, x.kpe, kv_lens=x.kv_lens, kv_scale=x.kv_scale, causal=causal)
-    check(out, lse, expected, "fp8", dtype, seed)
-    empty = (x.kv_lens <= 0).cpu()
-    assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
+    run_case_against_float64("fp8", layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, is_wide)
 
 
 @pytest.mark.parametrize("exponent", [-20, 20, -60], ids=str)

@@ -326,8 +326,8 @@ def fp8_split_kernel(
     caches = ("const float*", "const unsigned char*", "const unsigned char*")  # tensor scale, rope, scales
     part = PARTIAL_C_TYPES[FP8_PARTIAL_DTYPE]
     pointers = (*(f"const {ctype}*",) * 2, *caches, *SPLIT_POINTERS, f"{ctype}*", "float*", f"{part}*", "float*")
-    template = (ctype, FP8_FORMATS[kv_format], config.stages, config.groups, config.ctas_per_sm, config.chunk)
-    template += (row_tiles,)
+    tiles = (config.stages, config.groups, config.ctas_per_sm, config.chunk, row_tiles)
+    template = (ctype, FP8_FORMATS[kv_format], *tiles)
     return CudaKernel(FP8_HEADER, FP8_KERNEL, template, (*pointers, *FP8_SPLIT_PARAMS))
 
 
