@@ -134,6 +134,7 @@ def test_every_variant_is_listed_for_precompile() -> None:
                 for pair in (1, 2)
                 for fp8_cache in (0, 1)
             ),
+            *(f"{cutlass_mla.KERNEL}<__nv_bfloat16, {pair}, 2, 0>" for pair in (1, 2)),  # fp8_ds_mla, bf16 queries
             *(f"{cutlass_mla.KERNEL}<{c}, 1, 0, 1>" for c in ("__half", "__nv_bfloat16")),  # row halves
             *fp8,
         ]

@@ -43,21 +43,30 @@ def fp8_call(heads: int, q_len: int = 1, *, kv_dtype=FP8, dtype=torch.bfloat16):
     return validate_mla_decoding(x.q, x.qpe, x.kv, x.kpe, kv_scale=x.kv_scale)
 
 
-def test_more_than_32_query_rows_go_to_the_wgmma_kernel_for_per_tensor_fp8_only() -> None:
-    assert cutlass_mla.supports(fp8_call(16, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
-    assert cutlass_mla.supports(fp8_call(128, q_len=2)) == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
-    reasons = cutlass_mla.supports(fp8_call(160, q_len=8))
-    assert len(reasons) == 1 and "at most 1024 query rows" in reasons[0] and "8 x 160 = 1280" in reasons[0], reasons
-    for two_tiles, heads, most in ((False, 32, 16), (True, 32, None), (True, 48, 32)):
+def ds_mla_call(heads: int, q_len: int = 1, **kwargs):
+    x = make_mla_inputs(2, heads, 64, q_len=q_len)
+    return validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs(), **kwargs)
+
+
+def test_more_than_32_query_rows_of_either_fp8_format_go_to_the_wgmma_kernel() -> None:
+    on_gpu_only = ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+    for make in (fp8_call, ds_mla_call):
+        assert cutlass_mla.supports(make(16, q_len=2)) == on_gpu_only
+        assert cutlass_mla.supports(make(128, q_len=2)) == on_gpu_only
+        reasons = cutlass_mla.supports(make(160, q_len=8))
+        assert len(reasons) == 1 and "at most 1024 query rows" in reasons[0] and "8 x 160 = 1280" in reasons[0], reasons
+    for fmt, make in (("fp8", fp8_call), ("fp8_ds_mla", ds_mla_call)):
+        name = cutlass_mla._split_kernel_of(make(64)).instance_name
+        assert name == f"{cutlass_mla.KERNEL}<__nv_bfloat16, 1, {1 + cutlass_mla.FP8_FORMATS[fmt]}, 0>"
+        assert name in [k.instance_name for k in cutlass_mla.all_kernels()]
+    for two_tiles, heads in ((False, 32), (True, 32), (True, 48)):  # 17-32 rows: two tiles, else the variant
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", two_tiles)
-            x = make_mla_inputs(2, heads, 64)
-            call = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
-            reasons = cutlass_mla.supports(call)
-        if most is None:
-            assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
-        else:
-            assert len(reasons) == 1 and f"fp8_ds_mla kernel serves at most {most} query rows" in reasons[0], reasons
+            call = ds_mla_call(heads)
+            assert cutlass_mla.supports(call) == on_gpu_only
+            assert cutlass_mla.fp8_row_tiles(call) == (2 if two_tiles and heads <= 32 else None)
+    with pytest.raises(ValueError, match="fp8_ds_mla variant takes"):
+        cutlass_mla.split_kernel(torch.float16, fp8=True, kv_format="fp8_ds_mla")
 
 
 def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
@@ -71,18 +80,30 @@ def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
 
 
 @pytest.mark.parametrize(
-    ("heads", "page_size", "refused"), [(64, 1, True), (64, 2, False), (32, 1, False), (33, 1, True)]
+    ("fmt", "heads", "page_size", "refused"),
+    [
+        ("fp8", 64, 1, True),
+        ("fp8", 64, 2, False),
+        ("fp8", 32, 1, False),
+        ("fp8", 33, 1, True),
+        ("fp8_ds_mla", 64, 4, True),
+        ("fp8_ds_mla", 64, 8, False),
+        ("fp8_ds_mla", 32, 1, False),
+        ("fp8_ds_mla", 33, 2, True),
+    ],
 )
-def test_more_than_32_query_rows_refuse_pages_of_one_token(heads, page_size, refused) -> None:
-    """The wgmma kernel's fp8 variant (above the fp8 kernel's 32 rows) TMA-loads boxes of 64-byte tokens
-    that must start on 128-byte boundaries: pages of 1 token (boxes of 1) are refused, pages of 2 taken;
-    the fp8 kernel's two row tiles (17-32 rows) take pages of 1."""
-    x = make_mla_inputs(2, heads, 64, kv_dtype=FP8, kv_lens=[64, 50])
-    kwargs, _ = cache_kwargs(x, "fp8", "paged", page_size)
+def test_more_than_32_query_rows_refuse_pages_under_a_tma_box(fmt, heads, page_size, refused) -> None:
+    """The wgmma kernel's fp8 variants (above the fp8 kernel's 32 rows) TMA-load boxes that must start on
+    128-byte boundaries in shared memory: of 64-byte tokens (fp8: pages of 1 token are refused, of 2
+    taken) and of fp8_ds_mla's 16 bytes of scales a token (pages under 8 tokens refused); the fp8
+    kernel's two row tiles (17-32 rows) take pages of 1."""
+    x = make_mla_inputs(2, heads, 64, kv_dtype=FP8 if fmt == "fp8" else None, kv_lens=[64, 50])
+    kwargs, _ = cache_kwargs(x, fmt, "paged", page_size)
     reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **kwargs))
     if refused:
         assert len(reasons) == 1, reasons
-        assert "more than 32 query rows" in reasons[0] and "got pages of 1 tokens" in reasons[0], reasons
+        assert "more than 32 query rows" in reasons[0] and f"got pages of {page_size} tokens" in reasons[0], reasons
+        assert f"boxes of {cutlass_mla.FP8_WIDE_MIN_BOX_ROWS[fmt]} or more tokens" in reasons[0], reasons
     else:
         assert reasons == ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"], reasons
 
@@ -186,7 +207,8 @@ def test_two_row_tiles_take_17_to_32_query_rows(monkeypatch) -> None:
     assert kernel in cutlass_mla.all_kernels()
     x = make_mla_inputs(2, 32, 64)
     ds_mla = validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs())
-    assert cutlass_mla.fp8_row_tiles(ds_mla) is None  # FP8_DS_MLA_TWO_TILES off
+    monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", False)
+    assert cutlass_mla.fp8_row_tiles(ds_mla) is None
     monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", True)
     assert cutlass_mla.fp8_row_tiles(ds_mla) == 2
     assert cutlass_mla._split_kernel_of(ds_mla) in cutlass_mla.all_kernels()
@@ -451,17 +473,27 @@ def test_queries_far_from_unit_scale(dtype, exponent) -> None:
 # (from 33 rows by default; 17-32 with FP8_TWO_TILES off)
 
 BF16, FP16 = torch.bfloat16, torch.float16
-# (layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
+# (format, layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
 WIDE_CASES = [
-    ("dense", 0, 6, 64, 1, 3000, BF16, True, None),
-    ("dense", 0, 4, 128, 1, 2000, BF16, True, None),  # two 64-row groups: the cluster pair
-    ("dense", 0, 5, 16, 2, 1500, FP16, True, 256),  # MTP, 32 rows, forced splits through the combine
-    ("dense", 0, 3, 24, 3, 800, BF16, True, None),  # 72 rows: a partial second group
-    ("paged", 64, 6, 128, 1, 2500, BF16, True, None),
-    ("paged", 2, 4, 64, 1, 700, BF16, True, None),  # the smallest box the variant takes
-    ("ragged", 16, 5, 32, 2, 900, BF16, False, 320),
-    ("dense", 0, 3, 128, 2, 1200, BF16, True, None),  # 256 rows: two cluster pairs per piece
-    ("paged", 64, 4, 64, 3, 900, FP16, True, 256),  # 192 rows: the second pair's last CTA without rows
+    ("fp8", "dense", 0, 6, 64, 1, 3000, BF16, True, None),
+    ("fp8", "dense", 0, 4, 128, 1, 2000, BF16, True, None),  # two 64-row groups: the cluster pair
+    ("fp8", "dense", 0, 5, 16, 2, 1500, FP16, True, 256),  # MTP, 32 rows, forced splits through the combine
+    ("fp8", "dense", 0, 3, 24, 3, 800, BF16, True, None),  # 72 rows: a partial second group
+    ("fp8", "paged", 64, 6, 128, 1, 2500, BF16, True, None),
+    ("fp8", "paged", 2, 4, 64, 1, 700, BF16, True, None),  # the smallest box the variant takes
+    ("fp8", "ragged", 16, 5, 32, 2, 900, BF16, False, 320),
+    ("fp8", "dense", 0, 3, 128, 2, 1200, BF16, True, None),  # 256 rows: two cluster pairs per piece
+    ("fp8", "paged", 64, 4, 64, 3, 900, FP16, True, 256),  # 192 rows: the second pair's last CTA without rows
+    # fp8_ds_mla (its pages hold NaN bytes wherever a row must not read)
+    ("fp8_ds_mla", "dense", 0, 6, 64, 1, 3000, BF16, True, None),
+    ("fp8_ds_mla", "dense", 0, 4, 128, 1, 2000, BF16, True, None),
+    ("fp8_ds_mla", "dense", 0, 5, 16, 4, 1500, BF16, True, 256),  # MTP, 64 rows, forced splits
+    ("fp8_ds_mla", "dense", 0, 3, 24, 3, 800, BF16, False, None),  # 72 rows
+    ("fp8_ds_mla", "paged", 64, 6, 128, 1, 2500, BF16, True, None),
+    ("fp8_ds_mla", "paged", 8, 4, 64, 1, 700, BF16, True, None),  # the smallest scale box TMA takes
+    ("fp8_ds_mla", "ragged", 16, 5, 32, 2, 900, BF16, True, 320),
+    ("fp8_ds_mla", "dense", 0, 3, 128, 2, 1200, BF16, True, None),  # 256 rows
+    ("fp8_ds_mla", "paged", 64, 4, 64, 3, 900, BF16, True, 256),  # 192 rows
 ]
 
 
@@ -471,14 +503,16 @@ def is_wide(plan) -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"), WIDE_CASES, ids=str
+    ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
+    WIDE_CASES,
+    ids=str,
 )
 def test_fp8_at_many_query_rows_matches_float64(
-    layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, monkeypatch
+    fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, monkeypatch
 ) -> None:
     require_cutlass()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)  # 17-32 rows too: the variant is their fallback
-    run_case_against_float64("fp8", layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, is_wide)
+    run_case_against_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, is_wide)
 
 
 @pytest.mark.parametrize("exponent", [-20, 20, -60], ids=str)

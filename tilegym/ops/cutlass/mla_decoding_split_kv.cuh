@@ -105,6 +105,13 @@
 // widened two per barrier by the warpgroup that scores them, as they land. Traffic per CTA as below
 // with the cache read as L * 576 * 1 B; shared memory gains the widening: 36 KB read and 72 KB
 // written per block.
+// kFp8 = 2 (fp8_ds_mla's 656-byte tokens, more query rows than the fp8 kernel takes; bf16 queries): the
+// same, with each 128-column group of a token multiplied by its float32 scale (rounded to fp16) as its
+// e4m3 values are widened (the product rounded once to fp16). The scorer's first side brings the
+// block's scales by TMA, [64 tokens, 16 B] into the last KB of that side's second fp16 tile (free until
+// the scorer's first widening, which reads them into registers before anything is written there). The
+// rope arrives as bf16 in the 128-byte swizzle and is scored as it lands, by bf16 wgmma with the rope
+// query in bf16 (scaled by the row's power of two). Traffic: L * 656 B of cache per CTA.
 //
 // Layout: the TMA maps view the latent and rope caches as [units, rows, columns] (a 16-bit latent as
 // [units, 8 tiles, rows, 64 columns], the tile stride 128 B below the row stride): dense = (batch
@@ -260,6 +267,19 @@ __device__ __forceinline__ unsigned char* fp8_staging(SharedStorage& smem, int b
 __device__ __forceinline__ unsigned char* wide_tile(SharedStorage& smem, int buf, int t) {
   return t == 8 ? smem.kpe[buf] : smem.kv[buf] + t * kTileBytes;
 }
+// kFp8 = 2 (fp8_ds_mla): a token's four float32 scales, one per 128 columns, and where a block's land: the
+// last KB of the second fp16 tile of side buf (buffer buf's scorer widens that side first).
+inline constexpr int kDsScaleBytes = 16;
+__device__ __forceinline__ unsigned char* ds_scale_slot(SharedStorage& smem, int buf) {
+  return wide_tile(smem, buf, buf * kLeftTiles + 1) + kTileBytes - kTokens * kDsScaleBytes;
+}
+// An f16x2 word times the f16 scale in one half of `scales` (high: the upper), rounded to f16.
+__device__ __forceinline__ uint32_t scale_f16x2(uint32_t v, uint32_t scales, bool high) {
+  const uint32_t s = high ? (scales >> 16) * 0x10001u : (scales & 0xffffu) * 0x10001u;
+  uint32_t out;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(out) : "r"(v), "r"(s));
+  return out;
+}
 
 // Four e4m3 bytes -> two f16x2 (bytes 0, 1 -> lo; bytes 2, 3 -> hi), exactly. The word is split into
 // its 16-bit halves by a move (no shifts).
@@ -274,8 +294,11 @@ __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t word, uint32_t& lo, uin
 // u / 4, columns 16 (u % 4) .., which widen into the row's 16-byte chunks 2 (u % 4) and 2 (u % 4) + 1; a
 // warp reads 512 contiguous bytes and writes eight whole 128-byte rows). All reads are issued before any
 // conversion; one barrier makes the tiles visible to wgmma.
-template <int n>
-__device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, int t0, int wg, int wt) {
+// kDsMla (buf == wg, the scorer): the first call of a block (t0 = 4 wg) reads the scales of this thread's
+// two tokens into ds_scales[token][pair of groups] as f16x2; every tile is multiplied by its group's.
+template <int n, bool kDsMla>
+__device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, int t0, int wg, int wt,
+                                                uint32_t (&ds_scales)[2][2]) {
   uint4 v[n][2];
 #pragma unroll
   for (int k = 0; k < n; ++k) {
@@ -283,10 +306,22 @@ __device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, in
 #pragma unroll
     for (int i = 0; i < 2; ++i) v[k][i] = *reinterpret_cast<const uint4*>(src + (i * 128 + wt) * 16);
   }
+  const bool first = kDsMla && t0 == wg * kLeftTiles;
+  if (first) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float4 sc = *reinterpret_cast<const float4*>(ds_scale_slot(smem, buf) + ((i * 128 + wt) >> 2) * kDsScaleBytes);
+      const __half2 lo = __floats2half2_rn(sc.x, sc.y), hi = __floats2half2_rn(sc.z, sc.w);
+      memcpy(&ds_scales[i][0], &lo, 4);
+      memcpy(&ds_scales[i][1], &hi, 4);
+    }
+  }
   // Tile j of a side writes the fp8 bytes of tiles 2j - 4 and 2j - 3: when those are in this group (its
-  // last tile is the side's), or for the rope (its own bytes), every read comes before any write.
+  // last tile is the side's), or for the rope (its own bytes), every read comes before any write; so too
+  // the scales' reads before a first group of two writes over their slot.
   const int last = t0 + n - 1;
-  if (last % kLeftTiles == kLeftTiles - 1 || last == 8) asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
+  if (last % kLeftTiles == kLeftTiles - 1 || last == 8 || (first && n == 2))
+    asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
 #pragma unroll
   for (int k = 0; k < n; ++k) {
     unsigned char* dst = wide_tile(smem, buf, t0 + k);
@@ -298,6 +333,14 @@ __device__ __forceinline__ void widen_fp8_tiles(SharedStorage& smem, int buf, in
       e4m3x4_to_f16x4(v[k][i].y, lo.z, lo.w);
       e4m3x4_to_f16x4(v[k][i].z, hi.x, hi.y);
       e4m3x4_to_f16x4(v[k][i].w, hi.z, hi.w);
+      if constexpr (kDsMla) {  // the tile's 128-column group: (t0 + k) / 2
+        const uint32_t sc = ds_scales[i][(t0 + k) >> 2];
+        const bool high = ((t0 + k) >> 1) & 1;
+        lo.x = scale_f16x2(lo.x, sc, high), lo.y = scale_f16x2(lo.y, sc, high);
+        lo.z = scale_f16x2(lo.z, sc, high), lo.w = scale_f16x2(lo.w, sc, high);
+        hi.x = scale_f16x2(hi.x, sc, high), hi.y = scale_f16x2(hi.y, sc, high);
+        hi.z = scale_f16x2(hi.z, sc, high), hi.w = scale_f16x2(hi.w, sc, high);
+      }
       unsigned char* row = dst + token * 128;
       *reinterpret_cast<uint4*>(row + ((chunk ^ (token & 7)) << 4)) = lo;
       *reinterpret_cast<uint4*>(row + (((chunk + 1) ^ (token & 7)) << 4)) = hi;
@@ -404,12 +447,16 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
     int heads, int q_len, int query_rows, int causal, int write_lse, int paged, int page_size, int num_pages,
     int num_indices, int ragged, int num_pieces, long long q_sb, long long q_sq, long long q_sh, long long qpe_sb,
     long long qpe_sq, long long qpe_sh, long long table_sb, float qk_scale_log2,
-    const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kpe_map, int box_rows,
-    const float* __restrict__ kv_scale) {
+    const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap kpe_map,
+    const __grid_constant__ CUtensorMap scale_map, int box_rows, const float* __restrict__ kv_scale) {
   using namespace cute;
   using namespace tilegym_cute;
   using M = std::conditional_t<kFp8 != 0, __half, T>;  // the matmuls' input type
   using E = typename Types<M>::E;
+  constexpr bool kDsMla = kFp8 == 2;  // fp8_ds_mla: per-token scales, a bf16 rope
+  using Pe = std::conditional_t<kDsMla, __nv_bfloat16, M>;  // the rope matmuls' input type
+  using EPe = typename Types<Pe>::E;
+  static_assert(!kDsMla || std::is_same_v<T, __nv_bfloat16>, "fp8_ds_mla: bf16 queries (its rope is bf16)");
   constexpr int kRowBytes = kFp8 ? 64 : 128;  // bytes per token of a tile as TMA writes it
   // Tiles scored per wait: one (each tile's matmuls start as it lands); kFp8: TILEGYM_FP8_WIDEN_TILES,
   // widened together under one barrier.
@@ -547,10 +594,10 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
   };
 
   auto mma_s = make_tiled_mma(typename Types<M>::MmaS{});
-  auto mma_s_rope = make_tiled_mma(typename Types<M>::MmaSRope{});
+  auto mma_s_rope = make_tiled_mma(typename Types<Pe>::MmaSRope{});
   auto mma_local = make_tiled_mma(typename Types<M>::MmaOLocal{});
   auto mma_remote = make_tiled_mma(typename Types<M>::MmaORemote{});
-  const float cache_scale = kFp8 ? *kv_scale : 1.f;  // multiplies scores and output
+  const float cache_scale = kFp8 == 1 ? *kv_scale : 1.f;  // multiplies scores and output
   auto thr_s = mma_s.get_slice(wt);
   auto thr_s_rope = mma_s_rope.get_slice(wt);
   auto thr_local = mma_local.get_slice(wt);
@@ -558,7 +605,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
 
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.q)), WideK<E>{});
   auto tSrQ = thr_s.partition_fragment_A(sQ);  // (MMA, 1, 32) descriptors
-  Tensor rQpe = make_tensor<E>(FragA{});       // the rope query, registers
+  Tensor rQpe = make_tensor<EPe>(FragA{});     // the rope query, registers
   Tensor rP = make_tensor<E>(FragA{});         // this warpgroup's P, registers
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kTokens>>{});
   Tensor acc_o = partition_fragment_C(mma_local, Shape<Int<kRows>, _256>{});
@@ -573,6 +620,16 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
     memcpy(&v, &bits, 4);
     const float2 f = __bfloat1622float2(v);
     const __half2 h = __floats2half2_rn(f.x * factor, f.y * factor);
+    uint32_t out;
+    memcpy(&out, &h, 4);
+    return out;
+  };
+  // kDsMla: two bf16 times a power of two, exactly (the rope query stays bf16).
+  auto scaled_bf16_pair = [](uint32_t bits, float factor) {
+    __nv_bfloat162 v;
+    memcpy(&v, &bits, 4);
+    const float2 f = __bfloat1622float2(v);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f.x * factor, f.y * factor);
     uint32_t out;
     memcpy(&out, &h, 4);
     return out;
@@ -664,20 +721,32 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
     // box_rows tokens (a dense row's whole block, or the part of one page), lane l taking boxes
     // l, l + 32, ...; boxes wholly past the row's length are skipped (their bytes not expected).
     // (bf16/fp16: the producer warpgroup's loop above.)
+    // kDsMla: the rope's bf16 rows land where they are scored (128 bytes, swizzled by the map), and the
+    // side of the buffer's scorer (buf == wg) also brings the block's scales (16 bytes a token) on the
+    // barrier of that side's first tile, the first the scorer waits for.
     auto issue_block = [&](int blk, int buf) {
       if (wt >= 32) return;
       const int boxes = tilegym_cutlass::boxes_in_block(blk, kTokens, len, box_rows);
       const int t0 = wg == 0 ? 0 : kLeftTiles, t1 = wg == 0 ? kLeftTiles : kTiles;
+      const bool scales = kDsMla && buf == wg;
+      auto row_bytes = [](int t) { return kDsMla && t == 8 ? 2 * kRowBytes : kRowBytes; };
       if (wt == 0) {
-        for (int t = t0; t < t1; ++t) mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * kRowBytes);
+        for (int t = t0; t < t1; ++t) {
+          const int extra = scales && t == t0 ? kDsScaleBytes : 0;
+          mbar_expect_bytes(&smem.full[buf][t], boxes * box_rows * (row_bytes(t) + extra));
+        }
       }
       for (int box = wt; box < boxes; box += 32) {
         const auto [unit, row] =
             tilegym_cutlass::box_origin(table_row, b, blk * kTokens + box * box_rows, paged, page_size, num_pages);
         for (int t = t0; t < t1; ++t) {
-          tma_load_3d(fp8_staging(smem, buf, t) + box * box_rows * kRowBytes, t < 8 ? &kv_map : &kpe_map,
-                      t < 8 ? t * 64 : 0, row, unit, &smem.full[buf][t], policy);
+          unsigned char* dst = kDsMla && t == 8 ? wide_tile(smem, buf, 8) : fp8_staging(smem, buf, t);
+          tma_load_3d(dst + box * box_rows * row_bytes(t), t < 8 ? &kv_map : &kpe_map, t < 8 ? t * 64 : 0, row, unit,
+                      &smem.full[buf][t], policy);
         }
+        if (scales)
+          tma_load_3d(ds_scale_slot(smem, buf) + box * box_rows * kDsScaleBytes, &scale_map, 0, row, unit,
+                      &smem.full[buf][t0], policy);
       }
     };
     // V rows at or past the row's length (a partial last block) -> zero, in the tiles this warpgroup
@@ -732,7 +801,10 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) rQpe32[4 * s + 2 * h + k] = scaled_fp16_pair(rQpe32[4 * s + 2 * h + k], factor);
+            for (int h = 0; h < 2; ++h) {
+              uint32_t& w = rQpe32[4 * s + 2 * h + k];
+              w = kDsMla ? scaled_bf16_pair(w, factor) : scaled_fp16_pair(w, factor);
+            }
           }
         }
         score_scale[k] = qk_scale_log2 * cache_scale / factor;
@@ -800,6 +872,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       // second table.
       // Score matmuls S += Q K^T of this warpgroup's buffer (buf = wg: WG0 scores blocks A, WG1 blocks B).
       const int buf = wg;
+      uint32_t ds_scales[2][2];  // kDsMla: this thread's two tokens' scales in the block being widened
       // This warpgroup's side of buffer b is no longer read: fp8 refills it with block blk when there
       // is one (next); bf16/fp16 releases it to the producer, which loads on across segments.
       auto done_with = [&](int b, bool next, int blk) __attribute__((always_inline)) {
@@ -820,7 +893,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
             mma_s.accumulate_ = GMMA::ScaleOut::One;
           }
         } else {
-          Tensor sKpe = make_tensor(make_smem_ptr(reinterpret_cast<E*>(smem.kpe[buf])), NarrowK<E>{});
+          Tensor sKpe = make_tensor(make_smem_ptr(reinterpret_cast<EPe*>(smem.kpe[buf])), NarrowK<EPe>{});
           auto tSrKpe = thr_s_rope.partition_fragment_B(sKpe);
           warpgroup_fence_operand(rQpe);
 #pragma unroll
@@ -836,7 +909,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
           const int t = t0 + k;
           if (!side_boxes || t % kLeftTiles == 0 || t == 8) mbar_wait(tile_barrier(buf, t), ph);
         }
-        if constexpr (kFp8 != 0) widen_fp8_tiles<n>(smem, buf, t0, wg, wt);
+        if constexpr (kFp8 != 0 && !(kDsMla && t0 == 8)) widen_fp8_tiles<n, kDsMla>(smem, buf, t0, wg, wt, ds_scales);
         warpgroup_fence_operand(acc_s);
         warpgroup_arrive();
         gemm_tile(Int<t0>{});

@@ -98,7 +98,7 @@ MAX_INT32 = 2**31 - 1
 MAX_GRID_Y = 65535
 SPLIT_POINTERS = ("const int*",) * 6  # the schedule: page table, indptr, lengths, cum_blocks, piece bounds, piece rows
 TENSOR_MAP = "const __grid_constant__ CUtensorMap"
-SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", TENSOR_MAP, TENSOR_MAP, "int", "const float*")
+SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 7, "float", *(TENSOR_MAP,) * 3, "int", "const float*")
 FP8_SPLIT_PARAMS = (*("int",) * 11, *("long long",) * 11, "float", TENSOR_MAP, TENSOR_MAP, TENSOR_MAP, "int")
 
 FP8_HEADER = "mla_decoding_split_kv_fp8.cuh"
@@ -109,15 +109,16 @@ FP8_MAX_QUERY_ROWS = 16  # query rows of one row tile of the fp8 kernel (the N o
 # Two row tiles per CTA (17-32 query rows of an fp8 cache: 16 heads x 2 new tokens, or 32 heads): each V
 # fragment is widened once for both tiles' mma. Two tiles double the staged query and S, so two CTAs per
 # SM no longer fit: two warpgroups share one CTA's four stages. H100, 64 x 4096 x 16 with Q = 2, per-tensor
-# fp8: 95.6 us in the wgmma kernel's fp8 variant, 75.8 with two tiles. False: per-tensor fp8 goes to that
-# variant, fp8_ds_mla stops at 16 rows.
+# fp8: 95.6 us in the wgmma kernel's fp8 variant, 75.8 with two tiles. False: both formats' 17-32 rows go
+# to the wgmma kernel's fp8 variants.
 FP8_TWO_TILES = True
-# fp8_ds_mla's two row tiles (its scale groups two in flight): built and CPU-checked, off until a GPU has
-# run their tests (benchmarks/results/session41/call4.sh); off, cutlass refuses 17-32 fp8_ds_mla rows.
-FP8_DS_MLA_TWO_TILES = False
-# More fp8 query rows go to the wgmma kernel's kFp8 variant, which TMA-loads fp8 tokens of 64 bytes: a
-# box must start on a 128-byte boundary in shared memory, so boxes hold at least two tokens.
-FP8_WIDE_MIN_BOX_ROWS = 2
+# fp8_ds_mla's two row tiles (its scale groups two in flight). False: its 17-32 rows go to the wgmma
+# kernel's fp8_ds_mla variant.
+FP8_DS_MLA_TWO_TILES = True
+# More fp8 query rows go to the wgmma kernel's kFp8 variants, which TMA-load fp8 tokens of 64 bytes (and
+# fp8_ds_mla's scales, 16 bytes a token): a box must start on a 128-byte boundary in shared memory, so
+# boxes hold at least two tokens (fp8_ds_mla: eight).
+FP8_WIDE_MIN_BOX_ROWS = {"fp8": 2, FP8_DS_MLA: 8}
 # The 16-row fp8 kernel's partials: each is a convex combination of V values its mma reads as fp16
 # (per-tensor fp8: e4m3 values, |x| <= 448, before the cache scale, which the combine then applies;
 # fp8_ds_mla: the e4m3 x scale products, fp16 already), so fp16 holds it with 11 significant bits, at
@@ -286,15 +287,20 @@ def fp8_config_fits(kv_format: str, config: Fp8Config, dtype: torch.dtype = torc
 
 
 @functools.cache
-def split_kernel(dtype: torch.dtype, pair: bool = False, fp8: bool = False, merge: bool = False) -> CudaKernel:
+def split_kernel(
+    dtype: torch.dtype, pair: bool = False, fp8: bool = False, merge: bool = False, kv_format: str = "fp8"
+) -> CudaKernel:
     """The wgmma split kernel for ``dtype`` (bf16 or fp16) queries; ``pair``: the two 64-row groups of a
-    piece as a cluster (PAIR_GROUPS); ``fp8``: a per-tensor fp8 cache (else the cache is ``dtype``);
-    ``merge``: pieces in clusters of two that merge a row they split (MERGE_MIN_QUERY_ROWS; one group, bf16/fp16)."""
+    piece as a cluster (PAIR_GROUPS); ``fp8``: an fp8 cache of ``kv_format`` ("fp8": per tensor;
+    "fp8_ds_mla": bf16 queries only), else the cache is ``dtype``; ``merge``: pieces in clusters of two
+    that merge a row they split (MERGE_MIN_QUERY_ROWS; one group, bf16/fp16)."""
     if merge and (pair or fp8):
         raise ValueError("the row-halves merge runs one 64-row group of a bf16/fp16 cache")
+    if fp8 and dtype not in fp8_query_dtypes(kv_format):
+        raise ValueError(f"the {kv_format} variant takes {fp8_query_dtypes(kv_format)} queries, got {dtype}")
     ctype = C_TYPES[dtype]
     pointers = (*(f"const {ctype}*",) * 2, *SPLIT_POINTERS, f"{ctype}*", "float*", "float*", "float*")
-    template = (ctype, 2 if pair else 1, int(fp8), int(merge))
+    template = (ctype, 2 if pair else 1, 1 + FP8_FORMATS[kv_format] if fp8 else 0, int(merge))
     return CudaKernel(HEADER, KERNEL, template, (*pointers, *SPLIT_PARAMS))
 
 
@@ -363,6 +369,7 @@ def fp8_query_dtypes(kv_format: str) -> tuple[torch.dtype, ...]:
 def all_kernels() -> list[CudaKernel]:
     """Every kernel variant the backend may launch."""
     kernels = [split_kernel(d, pair, fp8) for d in C_TYPES for pair in (False, True) for fp8 in (False, True)]
+    kernels += [split_kernel(torch.bfloat16, pair, True, kv_format=FP8_DS_MLA) for pair in (False, True)]
     kernels += [split_kernel(d, merge=True) for d in C_TYPES]
     kernels += [combine_kernel(d, p) for d in C_TYPES for p in PARTIAL_C_TYPES]
     configs = (FP8_CONFIGS, FP8_FEW_BLOCKS_CONFIGS)
@@ -450,18 +457,18 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
 
 
 def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
-    """Why the wgmma kernel's fp8 variant (more rows than the fp8 kernel's) cannot run ``call``."""
-    rows = f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
-    if call.kv_format != "fp8":
-        most = fp8_kernel_max_rows(call.kv_format)
-        return [f"cutlass's {call.kv_format} kernel serves at most {most} query rows per KV read {rows}"]
+    """Why the wgmma kernel's fp8 variants (more rows than the fp8 kernel's) cannot run ``call``."""
+    fmt = call.kv_format
     if call.query_rows > MAX_QUERY_ROWS:
-        return [f"cutlass's fp8 kernels serve at most {MAX_QUERY_ROWS} query rows per KV read {rows}"]
-    if tma_box_rows(call) < FP8_WIDE_MIN_BOX_ROWS:
-        where = f"pages of {call.page_size} tokens" if call.is_paged else f"{call.kv.shape[1]} token per row"
+        rows = f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
+        return [f"cutlass's {fmt} kernels serve at most {MAX_QUERY_ROWS} query rows per KV read {rows}"]
+    fewest = FP8_WIDE_MIN_BOX_ROWS[fmt]
+    if tma_box_rows(call) < fewest:
+        where = f"pages of {call.page_size} tokens" if call.is_paged else f"{call.kv.shape[1]} tokens per row"
+        what = "a 64-byte token" if fmt == "fp8" else "a token's 16 bytes of scales"
         return [
-            f"cutlass's fp8 kernel for more than {fp8_kernel_max_rows('fp8')} query rows reads the cache in boxes of "
-            f"{FP8_WIDE_MIN_BOX_ROWS} or more tokens (a 64-byte token alone is not 128-byte aligned in shared "
+            f"cutlass's {fmt} kernel for more than {fp8_kernel_max_rows(fmt)} query rows reads the cache in boxes of "
+            f"{fewest} or more tokens (fewer than that of {what} do not fill the 128 bytes a box starts on in shared "
             f"memory), got {where}"
         ]
     return _layout_reasons(call, copied=("q", "qpe"))  # the cache rows: _fp8_reasons (16-byte rows)
@@ -475,7 +482,7 @@ def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
     tiles = fp8_row_tiles(call)
     if tiles is not None:
         return fp8_split_kernel(call.q.dtype, call.kv_format, fp8_config(call), tiles)
-    return split_kernel(call.q.dtype, pair, fp8=True)
+    return split_kernel(call.q.dtype, pair, fp8=True, kv_format=call.kv_format)
 
 
 def partial_dtype(call: MLADecodeCall) -> torch.dtype:
@@ -702,8 +709,9 @@ class CutlassDecodePlan:
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
     ) -> tuple[bytes, ...]:
         """The latent's 4-D map (a side's tiles per box) and the rope's map, in the wgmma kernel's
-        64-column (128-byte) tiles."""
-        return encode_latent_tiles_map(kv, rows), encode_tile_map(kpe, rows)
+        64-column (128-byte) tiles; the rope's again where the kernel takes the scales' (never read)."""
+        rope = encode_tile_map(kpe, rows)
+        return encode_latent_tiles_map(kv, rows), rope, rope
 
     def refresh(self) -> None:
         self.schedule.refresh()
@@ -815,27 +823,35 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
 
 
 class CutlassFp8WideDecodePlan(CutlassDecodePlan):
-    """A per-tensor fp8 cache at 33-1024 query rows: the wgmma kernel's fp8 variant, with maps of the fp8
-    latent and rope in unswizzled 64-byte rows (the kernel widens them) and the scale read on the device."""
+    """An fp8 cache at more query rows than the fp8 kernel takes (33-1024): the wgmma kernel's fp8 variants,
+    with maps of the fp8 latent in unswizzled 64-byte rows (the kernel widens them), and of the rope: fp8
+    in 64-byte rows, with the per-tensor scale read on the device; or fp8_ds_mla's bf16 rope in swizzled
+    128-byte rows and its scales in 16-byte rows."""
 
     threads = THREADS  # no producer warpgroup: each consumer issues its own refills
 
     def _split_kernel(self) -> CudaKernel:
-        return split_kernel(self.call.q.dtype, self.paired, fp8=True)
+        return split_kernel(self.call.q.dtype, self.paired, fp8=True, kv_format=self.call.kv_format)
 
     def _scale_pointer(self, kv_scale: torch.Tensor | None) -> tuple[int, ...]:
-        return (kv_scale.data_ptr(),)
+        return (kv_scale.data_ptr() if self.call.kv_format == "fp8" else 0,)
 
     def _encode_maps(
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
     ) -> tuple[bytes, ...]:
-        misaligned = [hex(t.data_ptr()) for t in (kv, kpe) if t.data_ptr() % CACHE_ALIGN]
+        ds_mla = self.call.kv_format == FP8_DS_MLA
+        tensors = (kv, kpe, kv_scale) if ds_mla else (kv, kpe)
+        misaligned = [hex(t.data_ptr()) for t in tensors if t.data_ptr() % CACHE_ALIGN]
         if misaligned:
             raise ValueError(
-                f"cutlass's fp8 kernel reads the cache by TMA: kv and kpe must start on {CACHE_ALIGN}-byte "
-                f"boundaries, got addresses {misaligned}"
+                f"cutlass's {self.call.kv_format} kernel reads the cache by TMA: kv and kpe (and fp8_ds_mla's "
+                f"scales) must start on {CACHE_ALIGN}-byte boundaries, got addresses {misaligned}"
             )
-        return encode_tile_map(kv, rows, ROPE_DIM, swizzle=False), encode_tile_map(kpe, rows, ROPE_DIM, swizzle=False)
+        latent = encode_tile_map(kv, rows, ROPE_DIM, swizzle=False)
+        if ds_mla:
+            return latent, encode_tile_map(kpe, rows), encode_tile_map(kv_scale, rows, 16)
+        rope = encode_tile_map(kpe, rows, ROPE_DIM, swizzle=False)
+        return latent, rope, rope
 
 
 def plan(call: MLADecodeCall) -> CutlassDecodePlan:
