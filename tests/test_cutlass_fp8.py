@@ -65,6 +65,10 @@ def test_more_than_32_query_rows_of_either_fp8_format_go_to_the_wgmma_kernel() -
             call = ds_mla_call(heads)
             assert cutlass_mla.supports(call) == on_gpu_only
             assert cutlass_mla.fp8_row_tiles(call) == (2 if two_tiles and heads <= 32 else None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cutlass_mla, "FP8_DS_MLA_WIDE", False)
+        reasons = cutlass_mla.supports(ds_mla_call(64))
+        assert len(reasons) == 1 and "fp8_ds_mla kernel serves at most 32 query rows" in reasons[0], reasons
     with pytest.raises(ValueError, match="fp8_ds_mla variant takes"):
         cutlass_mla.split_kernel(torch.float16, fp8=True, kv_format="fp8_ds_mla")
 

@@ -115,6 +115,9 @@ FP8_TWO_TILES = True
 # fp8_ds_mla's two row tiles (its scale groups two in flight). False: its 17-32 rows go to the wgmma
 # kernel's fp8_ds_mla variant.
 FP8_DS_MLA_TWO_TILES = True
+# fp8_ds_mla at more rows than the fp8 kernel takes: the wgmma kernel's fp8_ds_mla variant (kFp8 = 2).
+# False: cutlass refuses those rows (they run on triton).
+FP8_DS_MLA_WIDE = True
 # More fp8 query rows go to the wgmma kernel's kFp8 variants, which TMA-load fp8 tokens of 64 bytes (and
 # fp8_ds_mla's scales, 16 bytes a token): a box must start on a 128-byte boundary in shared memory, so
 # boxes hold at least two tokens (fp8_ds_mla: eight).
@@ -459,8 +462,10 @@ def _fp8_reasons(call: MLADecodeCall) -> list[str]:
 def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
     """Why the wgmma kernel's fp8 variants (more rows than the fp8 kernel's) cannot run ``call``."""
     fmt = call.kv_format
+    rows = f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
+    if fmt == FP8_DS_MLA and not FP8_DS_MLA_WIDE:
+        return [f"cutlass's {fmt} kernel serves at most {fp8_kernel_max_rows(fmt)} query rows per KV read {rows}"]
     if call.query_rows > MAX_QUERY_ROWS:
-        rows = f"(new tokens x heads), got {call.q_len} x {call.heads} = {call.query_rows}"
         return [f"cutlass's {fmt} kernels serve at most {MAX_QUERY_ROWS} query rows per KV read {rows}"]
     fewest = FP8_WIDE_MIN_BOX_ROWS[fmt]
     if tma_box_rows(call) < fewest:
