@@ -48,8 +48,15 @@ def ds_mla_call(heads: int, q_len: int = 1, **kwargs):
     return validate_mla_decoding(x.q, x.qpe, **pack_cache(x, "fp8_ds_mla").op_kwargs(), **kwargs)
 
 
-def test_more_than_32_query_rows_of_either_fp8_format_go_to_the_wgmma_kernel() -> None:
+def ds_mla_on_the_wgmma_kernel(monkeypatch, two_tiles: bool = True) -> None:
+    """The switches of fp8_ds_mla's routes above 16 rows (off in the library until GPU-tested) turned on."""
+    monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_WIDE", True)
+    monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", two_tiles)
+
+
+def test_more_than_32_query_rows_of_either_fp8_format_go_to_the_wgmma_kernel(monkeypatch) -> None:
     on_gpu_only = ["cutlass runs on NVIDIA GPUs only, got a tensor on cpu"]
+    ds_mla_on_the_wgmma_kernel(monkeypatch)
     for make in (fp8_call, ds_mla_call):
         assert cutlass_mla.supports(make(16, q_len=2)) == on_gpu_only
         assert cutlass_mla.supports(make(128, q_len=2)) == on_gpu_only
@@ -96,11 +103,12 @@ def test_more_than_16_query_rows_need_16_byte_query_rows() -> None:
         ("fp8_ds_mla", 33, 2, True),
     ],
 )
-def test_more_than_32_query_rows_refuse_pages_under_a_tma_box(fmt, heads, page_size, refused) -> None:
+def test_more_than_32_query_rows_refuse_pages_under_a_tma_box(fmt, heads, page_size, refused, monkeypatch) -> None:
     """The wgmma kernel's fp8 variants (above the fp8 kernel's 32 rows) TMA-load boxes that must start on
     128-byte boundaries in shared memory: of 64-byte tokens (fp8: pages of 1 token are refused, of 2
     taken) and of fp8_ds_mla's 16 bytes of scales a token (pages under 8 tokens refused); the fp8
     kernel's two row tiles (17-32 rows) take pages of 1."""
+    ds_mla_on_the_wgmma_kernel(monkeypatch)
     x = make_mla_inputs(2, heads, 64, kv_dtype=FP8 if fmt == "fp8" else None, kv_lens=[64, 50])
     kwargs, _ = cache_kwargs(x, fmt, "paged", page_size)
     reasons = cutlass_mla.supports(validate_mla_decoding(x.q, x.qpe, **kwargs))
@@ -516,6 +524,7 @@ def test_fp8_at_many_query_rows_matches_float64(
 ) -> None:
     require_cutlass()
     monkeypatch.setattr(cutlass_mla, "FP8_TWO_TILES", False)  # 17-32 rows too: the variant is their fallback
+    ds_mla_on_the_wgmma_kernel(monkeypatch, two_tiles=False)
     run_case_against_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split, is_wide)
 
 

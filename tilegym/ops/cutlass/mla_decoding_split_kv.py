@@ -113,11 +113,13 @@ FP8_MAX_QUERY_ROWS = 16  # query rows of one row tile of the fp8 kernel (the N o
 # to the wgmma kernel's fp8 variants.
 FP8_TWO_TILES = True
 # fp8_ds_mla's two row tiles (its scale groups two in flight). False: its 17-32 rows go to the wgmma
-# kernel's fp8_ds_mla variant.
-FP8_DS_MLA_TWO_TILES = True
+# kernel's fp8_ds_mla variant (FP8_DS_MLA_WIDE), else cutlass refuses them. Off until a GPU has run their
+# tests (built and CPU-checked in session 41; benchmarks/results/session42/call1.sh runs them).
+FP8_DS_MLA_TWO_TILES = False
 # fp8_ds_mla at more rows than the fp8 kernel takes: the wgmma kernel's fp8_ds_mla variant (kFp8 = 2).
-# False: cutlass refuses those rows (they run on triton).
-FP8_DS_MLA_WIDE = True
+# False: cutlass refuses those rows (they run on triton). Off until a GPU has run its tests (built and
+# CPU-checked in session 42; benchmarks/results/session42/call1.sh runs them).
+FP8_DS_MLA_WIDE = False
 # More fp8 query rows go to the wgmma kernel's kFp8 variants, which TMA-load fp8 tokens of 64 bytes (and
 # fp8_ds_mla's scales, 16 bytes a token): a box must start on a 128-byte boundary in shared memory, so
 # boxes hold at least two tokens (fp8_ds_mla: eight).
