@@ -1,6 +1,7 @@
 """The cutlass backend's fp8 kernel (``mla_decoding_split_kv_fp8.cuh``, mma.sync): the per-tensor
-``fp8`` cache and DeepSeek's 656-byte ``fp8_ds_mla`` tokens at up to 16 query rows; and (last
-section) the wgmma kernel's fp8 variant, which takes a per-tensor fp8 cache at 17-1024 query rows.
+``fp8`` cache and DeepSeek's 656-byte ``fp8_ds_mla`` tokens at up to 16 query rows (32 with two row
+tiles); and (last section) the wgmma kernel's fp8 variants, which take both formats at 33-1024 query rows
+(17-1024 with two row tiles off).
 
 CPU: what ``supports()`` says about what the kernel does not take. GPU (H100/H200): parity with
 float64 on fresh random inputs (the seed is in the message): 16 and 8 heads, 1 and 2 new tokens
@@ -49,7 +50,7 @@ def ds_mla_call(heads: int, q_len: int = 1, **kwargs):
 
 
 def ds_mla_on_the_wgmma_kernel(monkeypatch, two_tiles: bool = True) -> None:
-    """The switches of fp8_ds_mla's routes above 16 rows (off in the library until GPU-tested) turned on."""
+    """fp8_ds_mla's routes above 16 rows switched on (the library's default), whatever the defaults become."""
     monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_WIDE", True)
     monkeypatch.setattr(cutlass_mla, "FP8_DS_MLA_TWO_TILES", two_tiles)
 

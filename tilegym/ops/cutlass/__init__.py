@@ -41,7 +41,8 @@ def _mla_supports(call: Any) -> list[str]:
     return supports(call)
 
 
-# fp8 caches at up to 16 query rows (32 per tensor): scores by fp8 wgmma (mla_decoding_split_kv_fp8.cuh).
+# fp8 caches at up to 32 query rows: scores by fp8 wgmma (mla_decoding_split_kv_fp8.cuh); more rows: the
+# wgmma kernel's fp8 variants.
 @register_impl(
     MLA_DECODING.name,
     "cutlass",

@@ -6,8 +6,8 @@ from the fp8 kernel, ``FP8_PARTIAL_DTYPE``).
 Two stage-1 kernels:
   - ``mla_decoding_split_kv.cuh`` (CuTe, wgmma, TMA): bf16/fp16 caches, CTAs of 256 threads per
     (piece, 64-row query group), 1-1024 query rows; the plan encodes TMA maps of the cache tensors.
-    Its ``kFp8`` variants read a per-tensor fp8 cache at 33-1024 query rows (fp8 tiles widened to
-    fp16 in shared memory, the query staged as fp16);
+    Its ``kFp8`` variants read fp8 caches (per tensor, and ``fp8_ds_mla`` with its scales applied as
+    they widen) at 33-1024 query rows (fp8 tiles widened to fp16 in shared memory, the query staged as fp16);
   - ``mla_decoding_split_kv_fp8.cuh`` (fp8 wgmma for the scores, mma.sync for P V, TMA loads into
     a ring of stages): the fp8 caches (per-tensor ``fp8`` and ``fp8_ds_mla``) at up to 16 query
     rows, and at 17-32 rows with two row tiles, where decoding is bound by the cache
@@ -113,13 +113,13 @@ FP8_MAX_QUERY_ROWS = 16  # query rows of one row tile of the fp8 kernel (the N o
 # to the wgmma kernel's fp8 variants.
 FP8_TWO_TILES = True
 # fp8_ds_mla's two row tiles (its scale groups two in flight). False: its 17-32 rows go to the wgmma
-# kernel's fp8_ds_mla variant (FP8_DS_MLA_WIDE), else cutlass refuses them. Off until a GPU has run their
-# tests (built and CPU-checked in session 41; benchmarks/results/session42/call1.sh runs them).
-FP8_DS_MLA_TWO_TILES = False
+# kernel's fp8_ds_mla variant (FP8_DS_MLA_WIDE), else cutlass refuses them. H100 (session 42), 64 x 4096
+# x 16 with Q = 2: 86.8 us (triton, which served those rows before: 192.4).
+FP8_DS_MLA_TWO_TILES = True
 # fp8_ds_mla at more rows than the fp8 kernel takes: the wgmma kernel's fp8_ds_mla variant (kFp8 = 2).
-# False: cutlass refuses those rows (they run on triton). Off until a GPU has run its tests (built and
-# CPU-checked in session 42; benchmarks/results/session42/call1.sh runs them).
-FP8_DS_MLA_WIDE = False
+# False: cutlass refuses those rows (they run on triton). H100 (session 42): 64 x 4096 x 128 188.4 us
+# (triton 710.1; the per-tensor fp8 variant 181.8, bf16 140.5), 128 x 8192 x 128 745.1 (2609.4).
+FP8_DS_MLA_WIDE = True
 # More fp8 query rows go to the wgmma kernel's kFp8 variants, which TMA-load fp8 tokens of 64 bytes (and
 # fp8_ds_mla's scales, 16 bytes a token): a box must start on a 128-byte boundary in shared memory, so
 # boxes hold at least two tokens (fp8_ds_mla: eight).
@@ -482,8 +482,8 @@ def _fp8_wide_reasons(call: MLADecodeCall) -> list[str]:
 
 
 def _split_kernel_of(call: MLADecodeCall, pair: bool = False) -> CudaKernel:
-    """The split kernel that serves ``call``: the fp8 kernel at up to 16 query rows of an fp8 cache (32
-    of a per-tensor one), else the wgmma kernel (its fp8 variant for more rows of a per-tensor cache)."""
+    """The split kernel that serves ``call``: the fp8 kernel at up to 32 query rows of an fp8 cache
+    (``fp8_row_tiles``), else the wgmma kernel (its fp8 variants for more rows of an fp8 cache)."""
     if call.kv_format not in FP8_FORMATS:
         return split_kernel(call.q.dtype, pair, merge=merges_row_halves(call))
     tiles = fp8_row_tiles(call)
