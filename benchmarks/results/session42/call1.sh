@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 42, device call 1 (any Hopper): fp8_ds_mla on the cutlass backend at 17+ query rows, both
-# routes off in the library until this runs:
+# Session 42, device call 1 (any Hopper; it got an H100, results in call1-h100/): fp8_ds_mla on the cutlass
+# backend at 17+ query rows, both routes off in the library until this ran (on since it passed):
 # - its two row tiles in the fp8 kernel (17-32 rows, `FP8_DS_MLA_TWO_TILES`; built in session 41);
 # - the wgmma kernel's fp8_ds_mla variant (kFp8 = 2, `FP8_DS_MLA_WIDE`: 33-1024 rows, e.g. 64-128 heads,
 #   which run on triton without it; built in session 42).
