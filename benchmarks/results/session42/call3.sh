@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 42, device call 3: only on an H200 (else it exits at once): the fp8_ds_mla suites (cutlass beside
+# Session 42, device call 3 (not run: too little device time was left; for a later session): only on an
+# H200 (else it exits at once): the fp8_ds_mla suites (cutlass beside
 # triton) and bf16 `many-heads`, for H200 figures of the fp8_ds_mla routes turned on after call 1 (an H100).
 #
 #   bash benchmarks/results/session42/call3.sh   # device: carry [".cache/tilecpp"]
