@@ -560,6 +560,20 @@ def _bf16_reasons(call: MLADecodeCall) -> list[str]:
     return _layout_reasons(call)
 
 
+def require_tma_aligned_fp8_cache(
+    kv_format: str, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None
+) -> None:
+    """``ValueError`` unless the fp8 cache tensors the TMA maps address (kv, kpe, and fp8_ds_mla's scales)
+    start on CACHE_ALIGN-byte boundaries: ``supports`` checks the call's, a plan's run may get others."""
+    tensors = (kv, kpe, kv_scale) if kv_format == FP8_DS_MLA else (kv, kpe)
+    misaligned = [hex(t.data_ptr()) for t in tensors if t.data_ptr() % CACHE_ALIGN]
+    if misaligned:
+        raise ValueError(
+            f"cutlass's {kv_format} kernel reads the cache by TMA: kv and kpe (and fp8_ds_mla's scales) must "
+            f"start on {CACHE_ALIGN}-byte boundaries, got addresses {misaligned}"
+        )
+
+
 class CutlassDecodePlan:
     """Schedule, workspace and pre-bound launches of both kernels for one call's shapes (bf16/fp16
     caches on the wgmma kernel; ``CutlassFp8DecodePlan`` overrides the hooks for fp8 caches)."""
@@ -817,13 +831,7 @@ class CutlassFp8DecodePlan(CutlassDecodePlan):
         """Latent in 128-byte boxes; the rope in 64-byte (fp8) or 128-byte (fp8_ds_mla's bf16) boxes;
         fp8_ds_mla's scales in 16-byte boxes (per-tensor fp8: the latent map again, never read)."""
         ds_mla = self.call.kv_format == FP8_DS_MLA
-        tensors = (kv, kpe, kv_scale) if ds_mla else (kv, kpe)
-        misaligned = [hex(t.data_ptr()) for t in tensors if t.data_ptr() % CACHE_ALIGN]
-        if misaligned:
-            raise ValueError(
-                f"cutlass's {self.call.kv_format} kernel reads the cache by TMA: kv and kpe (and fp8_ds_mla's "
-                f"scales) must start on {CACHE_ALIGN}-byte boundaries, got addresses {misaligned}"
-            )
+        require_tma_aligned_fp8_cache(self.call.kv_format, kv, kpe, kv_scale)
         latent = encode_tile_map(kv, rows)
         rope = encode_tile_map(kpe, rows, 128 if ds_mla else ROPE_DIM)
         return latent, rope, encode_tile_map(kv_scale, rows, 16) if ds_mla else latent
@@ -847,13 +855,7 @@ class CutlassFp8WideDecodePlan(CutlassDecodePlan):
         self, kv: torch.Tensor, kpe: torch.Tensor, kv_scale: torch.Tensor | None, rows: int
     ) -> tuple[bytes, ...]:
         ds_mla = self.call.kv_format == FP8_DS_MLA
-        tensors = (kv, kpe, kv_scale) if ds_mla else (kv, kpe)
-        misaligned = [hex(t.data_ptr()) for t in tensors if t.data_ptr() % CACHE_ALIGN]
-        if misaligned:
-            raise ValueError(
-                f"cutlass's {self.call.kv_format} kernel reads the cache by TMA: kv and kpe (and fp8_ds_mla's "
-                f"scales) must start on {CACHE_ALIGN}-byte boundaries, got addresses {misaligned}"
-            )
+        require_tma_aligned_fp8_cache(self.call.kv_format, kv, kpe, kv_scale)
         latent = encode_tile_map(kv, rows, ROPE_DIM, swizzle=False)
         if ds_mla:
             return latent, encode_tile_map(kpe, rows), encode_tile_map(kv_scale, rows, 16)
