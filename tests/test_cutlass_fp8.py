@@ -283,7 +283,8 @@ def run_case_against_float64(
     assert bool((out.cpu()[empty] == 0).all()), f"a row with no tokens must give zeros, seed {seed}"
 
 
-# (format, layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
+# The columns of every GPU case list below (dtype: the query's; split: kv_len_per_split).
+CASE_COLUMNS = ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split")
 GPU_CASES = [
     ("fp8", "dense", 0, 12, 16, 1, 3000, torch.bfloat16, True, None),
     ("fp8", "dense", 0, 6, 8, 2, 1000, torch.float16, True, None),
@@ -339,7 +340,7 @@ def fp8_config(request, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
+    CASE_COLUMNS,
     GPU_CASES,
     ids=str,
 )
@@ -350,8 +351,7 @@ def test_fp8_caches_match_float64(
     run_case_against_float64(fmt, layout, page_size, batch, heads, q_len, seq_len, dtype, causal, split)
 
 
-# Two row tiles (FP8_TWO_TILES): (format, layout, page_size, batch, heads, q_len, seq_len, query dtype,
-# causal, split)
+# Two row tiles (FP8_TWO_TILES), CASE_COLUMNS
 TWO_TILE_CASES = [
     ("fp8", "dense", 0, 12, 16, 2, 3000, torch.bfloat16, True, None),  # MTP: 32 rows
     ("fp8", "dense", 0, 6, 24, 1, 1000, torch.float16, True, 256),  # 24 rows: a half-empty second tile, splits
@@ -372,7 +372,7 @@ def has_two_tiles(plan) -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
+    CASE_COLUMNS,
     TWO_TILE_CASES,
     ids=str,
 )
@@ -486,7 +486,7 @@ def test_queries_far_from_unit_scale(dtype, exponent) -> None:
 # (from 33 rows by default; 17-32 with FP8_TWO_TILES off)
 
 BF16, FP16 = torch.bfloat16, torch.float16
-# (format, layout, page_size, batch, heads, q_len, seq_len, query dtype, causal, kv_len_per_split)
+# The wgmma kernel's fp8 variants, CASE_COLUMNS
 WIDE_CASES = [
     ("fp8", "dense", 0, 6, 64, 1, 3000, BF16, True, None),
     ("fp8", "dense", 0, 4, 128, 1, 2000, BF16, True, None),  # two 64-row groups: the cluster pair
@@ -516,7 +516,7 @@ def is_wide(plan) -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("fmt", "layout", "page_size", "batch", "heads", "q_len", "seq_len", "dtype", "causal", "split"),
+    CASE_COLUMNS,
     WIDE_CASES,
     ids=str,
 )

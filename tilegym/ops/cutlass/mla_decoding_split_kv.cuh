@@ -614,24 +614,20 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
 
   int parity[2] = {0, 0};  // of each buffer's barriers
 
-  // kFp8, bf16 query: two bf16 (a 32-bit pair) times factor -> an f16 pair.
-  auto scaled_fp16_pair = [](uint32_t bits, float factor) {
+  // kFp8, bf16 query: two bf16 (a 32-bit pair) times factor -> an f16 pair, or with to_bf16 (kDsMla's rope
+  // query, which stays bf16) a bf16 pair, exact since the factor is a power of two.
+  auto scaled_pair = [](uint32_t bits, float factor, bool to_bf16) {
     __nv_bfloat162 v;
     memcpy(&v, &bits, 4);
     const float2 f = __bfloat1622float2(v);
-    const __half2 h = __floats2half2_rn(f.x * factor, f.y * factor);
     uint32_t out;
-    memcpy(&out, &h, 4);
-    return out;
-  };
-  // kDsMla: two bf16 times a power of two, exactly (the rope query stays bf16).
-  auto scaled_bf16_pair = [](uint32_t bits, float factor) {
-    __nv_bfloat162 v;
-    memcpy(&v, &bits, 4);
-    const float2 f = __bfloat1622float2(v);
-    const __nv_bfloat162 h = __floats2bfloat162_rn(f.x * factor, f.y * factor);
-    uint32_t out;
-    memcpy(&out, &h, 4);
+    if (to_bf16) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(f.x * factor, f.y * factor);
+      memcpy(&out, &h, 4);
+    } else {
+      const __half2 h = __floats2half2_rn(f.x * factor, f.y * factor);
+      memcpy(&out, &h, 4);
+    }
     return out;
   };
   // kFp8, bf16 query: each thread's own staged chunks of Q's latent part (rows tid / 8 and tid / 8 + 32,
@@ -679,7 +675,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
       for (int j = 0; j < 8; ++j) {
         uint32_t* w = reinterpret_cast<uint32_t*>(&chunk[j]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) w[e] = scaled_fp16_pair(w[e], factor);
+        for (int e = 0; e < 4; ++e) w[e] = scaled_pair(w[e], factor, false);
         *reinterpret_cast<uint4*>(smem.q + wide_offset(i, (sub + 8 * j) * 8)) = chunk[j];
       }
     }
@@ -803,7 +799,7 @@ __global__ void __cluster_dims__(1 + kMerge, kPair, 1) __launch_bounds__(kFp8 ? 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               uint32_t& w = rQpe32[4 * s + 2 * h + k];
-              w = kDsMla ? scaled_bf16_pair(w, factor) : scaled_fp16_pair(w, factor);
+              w = scaled_pair(w, factor, kDsMla);
             }
           }
         }
