@@ -2,7 +2,7 @@
 # Session 43, device call 1 (not run: no device machine was lent this session; for a later one, any
 # Hopper): the query ahead of the first KV copies, in both cutlass kernels (`variants/query-first.patch`).
 # Tree .ab/qf, from the repository root:
-#   mkdir -p .ab/qf && git archive HEAD tilegym benchmarks | tar -x -C .ab/qf
+#   mkdir -p .ab/qf && git archive HEAD | tar -x -C .ab/qf
 #   (cd .ab/qf && patch -p1 < ../../benchmarks/results/session43/variants/query-first.patch)
 #   (cd .ab/qf && TILEGYM_CACHE_DIR=$PWD/../../.cache/tilecpp PYTHONPATH=. python -m tilegym precompile --arch sm_90 --backend cutlass)
 # (and main's cubins: `python -m tilegym precompile --arch sm_90 --backend cutlass` at the root).
