@@ -22,10 +22,12 @@
 //           one fp8 token, of fewer than 8 fp8_ds_mla tokens) go as 16-byte bulk copies; all with an
 //           L2 evict-first hint (the cache is read once; the partials stay in L2 for the combine). The
 //           warpgroup done with block i refills its stage with block i + kStages (one warp issues,
-//           lanes split the boxes). With one warpgroup the ring is filled once, at the piece's start,
-//           and runs across segment boundaries (the refill after a segment's last blocks is the next
-//           row's first ones); several warpgroups merge through it, so it is filled at each
-//           segment's start and drained at its end. V rows past the row's length are zeroed in
+//           lanes split the boxes). With one warpgroup the ring is filled once, at the piece's first
+//           segment, right after warp 0 has issued that segment's query loads (so the query does not
+//           queue behind the first blocks), and runs across segment boundaries (the refill after a
+//           segment's last blocks is the next row's first ones); several warpgroups merge through
+//           it, so it is filled at each segment's start (after the query loads too) and drained at
+//           its end. V rows past the row's length are zeroed in
 //           shared memory (kDsMla: their scales too); the cache may hold NaN.
 //   scores  S^T [64 tokens, 16 kM rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
 //           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 kM x kParts): the query is staged per row, scaled by
@@ -288,10 +290,11 @@ __device__ __forceinline__ void store16_columns(T16* dst, const float (&acc)[16]
 // nothing; writes q_unscale[r] = 2^-shift. Every load goes to its own registers before the first use
 // (one 16-byte load per chunk when the rows are 16-byte aligned, else 2-byte ones): a loop reusing a
 // register serialises the loads, 36 global latencies a segment (13-20 us on the H200). Called by
-// warpgroup 0 (threads 0..127).
-template <int kFormat, typename T, int kM>
+// warpgroup 0 (threads 0..127). `after_loads()` runs once the loads are issued, before their values
+// are used: the caller issues the segment's first KV copies there, behind the query in the memory queues.
+template <int kFormat, typename T, int kM, typename AfterLoads>
 __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale, int row, const T* q_row,
-                                            const T* qpe_row, bool live) {
+                                            const T* qpe_row, bool live, AfterLoads&& after_loads) {
   using L = Tiles<kFormat, T, kM>;
   constexpr int kCols = kFormat == kPerTensor ? kD + kP : kD;  // columns in e4m3 parts
   constexpr int kChunks = kCols / 64;                           // 8-column chunks per thread
@@ -312,6 +315,7 @@ __device__ __forceinline__ void stage_query(unsigned char* qs, float* q_unscale,
       for (int e = 0; e < 8; ++e) reinterpret_cast<uint16_t*>(&raw[i])[e] = reinterpret_cast<const uint16_t*>(source(i))[e];
     }
   }
+  after_loads();
   auto value = [&](int i, int e) { return static_cast<float>(reinterpret_cast<const T*>(&raw[i])[e]); };
   float amax = 0.f;
 #pragma unroll
@@ -484,9 +488,6 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
   // blocks, which then land while this segment ends and the next one stages its query. Several
   // warpgroups merge through the ring at a segment's end, so for them it drains there.
   constexpr bool kAcross = kGroups == 1;
-  if (kAcross && tid < 32) {
-    for (int n = 0; n < kStages && n < piece_blocks; ++n) issue_piece_block(n);
-  }
   int consumed = 0;  // blocks of earlier segments: each went once through its stage's barrier
 
   for (int b = first_row; b <= last_row; ++b) {
@@ -514,9 +515,17 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
 
     fence_async_shared();  // the last segment's shared reads and writes come before the new copies
     __syncthreads();       // the previous segment is done with every stage and with the query
-    if (!kAcross && tid < 32) {
-      for (int i = 0; i < kStages && i < blocks; ++i) issue_piece_block(consumed + i);
-    }
+    // The ring's first copies (kAcross: the piece's, at its first segment; else the segment's) go out
+    // once warp 0 has issued its first query loads, so that the query is ahead of them in the memory
+    // queues: issued first, it lands in about one latency instead of behind every CTA's first blocks.
+    auto fill_ring = [&] {
+      if (tid >= 32) return;
+      if (!kAcross) {
+        for (int i = 0; i < kStages && i < blocks; ++i) issue_piece_block(consumed + i);
+      } else if (consumed == 0) {
+        for (int n = 0; n < kStages && n < piece_blocks; ++n) issue_piece_block(n);
+      }
+    };
     if (wg == 0) {
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) {
@@ -524,7 +533,9 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
         const bool live = row < query_rows;
         const int token = live ? row / heads : 0, head = live ? row - token * heads : 0;
         stage_query<kFormat, T, kM>(qs, q_unscale, row, q + b * q_sb + token * q_sq + head * q_sh,
-                                    qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live);
+                                    qpe + b * qpe_sb + token * qpe_sq + head * qpe_sh, live, [&] {
+                                      if (mt == 0) fill_ring();
+                                    });
         // The next row's query -> L2 now, so that the next segment stages it from L2.
         if (b < last_row && live) {
           const int line = tid & 7;  // 128-byte lines: 8 of the latent row, the rope row's first
