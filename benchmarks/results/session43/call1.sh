@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 43, device call 1 (not run: no device machine was lent this session; for a later one, any
-# Hopper): the query ahead of the first KV copies, in both cutlass kernels (`variants/query-first.patch`).
+# Session 43, device call 1 (no device machine was lent in session 43; run in session 44 on an H100:
+# results/session44/call1-h100/): the query ahead of the first KV copies, in both cutlass kernels (`variants/query-first.patch`).
 # Tree .ab/qf, from the repository root:
 #   mkdir -p .ab/qf && git archive HEAD | tar -x -C .ab/qf
 #   (cd .ab/qf && patch -p1 < ../../benchmarks/results/session43/variants/query-first.patch)
