@@ -27,8 +27,8 @@
 //           queue behind the first blocks), and runs across segment boundaries (the refill after a
 //           segment's last blocks is the next row's first ones); several warpgroups merge through
 //           it, so it is filled at each segment's start (after the query loads too) and drained at
-//           its end. V rows past the row's length are zeroed in
-//           shared memory (kDsMla: their scales too); the cache may hold NaN.
+//           its end. V rows past the row's length are zeroed in shared memory (kDsMla: their scales
+//           too); the cache may hold NaN.
 //   scores  S^T [64 tokens, 16 kM rows] = K . Q^T by fp8 wgmma straight from shared memory (m64nNk32,
 //           e4m3 x e4m3 -> f32, 18 k-steps; N = 16 kM x kParts): the query is staged per row, scaled by
 //           a power of two, as kParts e4m3 parts whose sum is the query exactly (2 parts hold any
