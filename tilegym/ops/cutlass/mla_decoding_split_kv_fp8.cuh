@@ -518,13 +518,10 @@ __global__ void __launch_bounds__(128 * kGroups, kCtasPerSm) mla_decode_fp8_spli
     // The ring's first copies (kAcross: the piece's, at its first segment; else the segment's) go out
     // once warp 0 has issued its first query loads, so that the query is ahead of them in the memory
     // queues: issued first, it lands in about one latency instead of behind every CTA's first blocks.
-    auto fill_ring = [&] {
-      if (tid >= 32) return;
-      if (!kAcross) {
-        for (int i = 0; i < kStages && i < blocks; ++i) issue_piece_block(consumed + i);
-      } else if (consumed == 0) {
-        for (int n = 0; n < kStages && n < piece_blocks; ++n) issue_piece_block(n);
-      }
+    auto fill_ring = [&] {  // a ring across segments (kAcross) is filled once, at the piece's start
+      if (tid >= 32 || (kAcross && consumed > 0)) return;
+      const int first_blocks = kAcross ? piece_blocks : blocks;
+      for (int i = 0; i < kStages && i < first_blocks; ++i) issue_piece_block(consumed + i);
     };
     if (wg == 0) {
 #pragma unroll
