@@ -5,13 +5,13 @@ bytes one call reads. A call at 64 x 4096 x 16 reads 151 MB, a few tens of micro
 where a kernel's launch, ramp-up and drain weigh more than in the 2 GiB copy. This script times, in
 one process and beside the same run's copy ceiling, two kernels that do nothing but stream those bytes:
 
-- ``copy``: ``dst.copy_(src)`` of the cache's bytes, the ceiling's own kernel at this size (its % counts
-  bytes read plus written, as the ceiling does);
+- ``copy``: the ceiling's own measurement (``measure_copy_gbps``) at this size instead of 2 GiB (its %
+  counts bytes read plus written, as the ceiling does);
 - ``read``: a Triton kernel in which each program reads ``BLOCK`` 4-byte words and writes one XOR of
   them (the bytes read, nothing written back but one word per program).
 
-Timing as in the bench: CUDA-graph replay over two buffers (so no replay finds its bytes in L2),
-median per call. Sizes: the cache bytes of the suite's 16-head shapes per format (576 bytes per token
+The read is timed as the bench times a call: CUDA-graph replay over two buffers (so no replay finds its
+bytes in L2), median per call. Sizes: the cache bytes of the suite's 16-head shapes per format (576 bytes per token
 for per-tensor fp8, 656 for fp8_ds_mla). On a CPU it runs the read kernel in Triton's interpreter on a
 small buffer and checks its XOR against PyTorch's, nothing more.
 
@@ -34,7 +34,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from tilegym.bench import measure_ceilings  # noqa: E402
+from tilegym.bench import measure_ceilings, measure_copy_gbps  # noqa: E402
 from tilegym.timing import time_graph  # noqa: E402
 
 BLOCK = 8192  # 4-byte words per program: 32 KB read, one word written
@@ -72,15 +72,12 @@ def check_on_cpu() -> None:
     print("read kernel: XOR matches PyTorch on", src.numel(), "words")
 
 
-def time_stream(nbytes: int, device: torch.device) -> tuple[float, float]:
-    """Median us per call of the copy and of the read kernel over ``nbytes``, two buffers alternating."""
+def time_read(nbytes: int, device: torch.device) -> float:
+    """Median us per call of the read kernel over ``nbytes``, two buffers alternating."""
     words = nbytes // 4
     srcs = [torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, device=device) for _ in range(2)]
-    dsts = [torch.empty_like(s) for s in srcs]
     outs = [torch.empty(triton.cdiv(words, BLOCK), dtype=torch.int32, device=device) for _ in range(2)]
-    copy = time_graph([lambda i=i: dsts[i].copy_(srcs[i]) for i in range(2)], warmup=3, repeat=20)
-    read = time_graph([lambda i=i: xor_read(srcs[i], outs[i]) for i in range(2)], warmup=3, repeat=20)
-    return copy.median_us, read.median_us
+    return time_graph([lambda i=i: xor_read(srcs[i], outs[i]) for i in range(2)], warmup=3, repeat=20).median_us
 
 
 def main() -> None:
@@ -95,9 +92,11 @@ def main() -> None:
     for fmt, token_bytes in TOKEN_BYTES.items():
         for batch, tokens in SHAPES:
             nbytes = batch * tokens * token_bytes
-            copy_us, read_us = time_stream(nbytes, device)
+            copy_gbps = measure_copy_gbps(device, nbytes)
+            read_us = time_read(nbytes, device)
             torch.cuda.empty_cache()
-            copy_pct = 100 * 2 * nbytes / (copy_us * 1e3) / ceilings.copy_gbps
+            copy_us = 2 * nbytes / copy_gbps / 1e3
+            copy_pct = 100 * copy_gbps / ceilings.copy_gbps
             read_pct = 100 * nbytes / (read_us * 1e3) / ceilings.copy_gbps
             print(
                 f"| {fmt} | {batch} x {tokens} x 16 | {nbytes / 1e6:.0f} | {copy_us:.1f} | {copy_pct:.0f}% "

@@ -4,7 +4,7 @@
 #   16-head `quantized` shapes (fp8 and fp8_ds_mla), beside the run's copy ceiling: what 85% of that
 #   ceiling asks of a call that streams 151-688 MB.
 # - On an H200 only: then session 44's call 2 (the fp8 and fp8_ds_mla suites, bf16 `many-heads`, for the
-#   README's H200 tables), which writes its reports into results/<suite>/.
+#   README's H200 tables); its reports come back in $OUT/suites/results.tar.gz, for results/<suite>/.
 #
 #   bash benchmarks/results/session45/call2.sh   # carry [".cache/tilecpp"]
 set -uo pipefail
